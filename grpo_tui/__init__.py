@@ -1,0 +1,1 @@
+"""grpo-tui: supervise and watch GRPO training runs."""

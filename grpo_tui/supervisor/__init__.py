@@ -1,0 +1,1 @@
+"""The process supervisor: UI-free, asyncio, importable and testable on its own."""
