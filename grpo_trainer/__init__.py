@@ -1,1 +1,1 @@
-"""The GRPO training stack that grpo-tui supervises: API, inference server, trainer, environments."""
+"""The GRPO stack grpo-tui supervises: rollout API, inference server, trainer, envs."""

@@ -1,0 +1,199 @@
+"""Model and tokenizer loading, and the tiny-model builder used offline.
+
+``build_tiny_model`` writes a real Hugging Face model directory (Qwen2 architecture,
+safetensors weights, a ``tokenizers`` tokenizer with eos/pad tokens and a chat template) so
+that tests and the offline quickstart run the same loading code as a hub model would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+EOS_TOKEN = "<|endoftext|>"
+PAD_TOKEN = "<|pad|>"
+UNK_TOKEN = "<|unk|>"
+IM_START = "<|im_start|>"
+IM_END = "<|im_end|>"
+SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, UNK_TOKEN, IM_START, IM_END)
+DEFAULT_ALPHABET = "0123456789abcdefghijklmnopqrstuvwxyz :\n"
+QWEN2_PRETOKENIZE_PATTERN = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+DTYPES: dict[str, torch.dtype] = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+def _byte_level_symbols() -> dict[int, str]:
+    """GPT-2's byte -> printable-character table, the alphabet of byte-level BPE."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    table = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in table:
+            table[b] = chr(256 + extra)
+            extra += 1
+    return table
+
+
+def build_tiny_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer with no merges: one token per character of ``alphabet``.
+
+    It uses Qwen2's own pre-tokenizer and byte-level scheme, so it tokenizes the same
+    whichever class loads it (transformers rebuilds Qwen2 tokenizers from vocab and merges).
+    """
+    symbols = _byte_level_symbols()
+    chars = [symbols[b] for b in dict.fromkeys(alphabet.encode())]
+    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *chars])}
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK_TOKEN))
+    core.normalizer = normalizers.NFC()
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_PATTERN), behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens(list(SPECIAL_TOKENS))
+    return PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        unk_token=UNK_TOKEN,
+        additional_special_tokens=[IM_START, IM_END],
+        chat_template=CHAT_TEMPLATE,
+        model_max_length=512,
+    )
+
+
+def build_tiny_model(
+    path: str | Path,
+    *,
+    seed: int = 0,
+    alphabet: str = DEFAULT_ALPHABET,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    max_position_embeddings: int = 512,
+) -> Path:
+    """Write a randomly initialised Qwen2 model and its tokenizer to ``path``.
+
+    Deterministic for a given seed and shape; loadable by ``AutoModelForCausalLM``,
+    ``AutoTokenizer`` and vLLM.
+    """
+    path = Path(path)
+    tokenizer = build_tiny_tokenizer(alphabet)
+    config = Qwen2Config(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.eos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        torch_dtype="float32",
+    )
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(config)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    tokenizer.save_pretrained(path)
+    return path
+
+
+def load_tokenizer(name_or_path: str | Path) -> PreTrainedTokenizerBase:
+    """Load a tokenizer by hub id or local path; a missing pad token falls back to eos."""
+    tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def adapter_base(adapter_path: str | Path) -> str:
+    """The base model an adapter directory was trained on (from its adapter_config.json)."""
+    config = json.loads((Path(adapter_path) / "adapter_config.json").read_text())
+    return str(config["base_model_name_or_path"])
+
+
+def load_model(
+    name_or_path: str | Path,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    gradient_checkpointing: bool = False,
+    adapter: str | Path | None = None,
+    trainable_adapter: bool = False,
+) -> PreTrainedModel:
+    """Load a causal LM by hub id or local path, optionally with a peft LoRA adapter on top."""
+    model = AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=DTYPES[dtype])
+    model.to(device)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable_adapter)
+    return model
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m grpo_trainer.models build OUT``: write a tiny model for offline runs."""
+    parser = argparse.ArgumentParser(prog="python -m grpo_trainer.models")
+    sub = parser.add_subparsers(dest="command", required=True)
+    build = sub.add_parser("build", help="write a tiny randomly initialised model")
+    build.add_argument("out")
+    build.add_argument("--seed", type=int, default=0)
+    build.add_argument("--hidden-size", type=int, default=64)
+    build.add_argument("--num-layers", type=int, default=2)
+    build.add_argument("--num-heads", type=int, default=4)
+    build.add_argument("--num-kv-heads", type=int, default=2)
+    build.add_argument("--intermediate-size", type=int, default=128)
+    args = parser.parse_args(argv)
+    out = build_tiny_model(
+        args.out,
+        seed=args.seed,
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        num_kv_heads=args.num_kv_heads,
+        intermediate_size=args.intermediate_size,
+    )
+    print(f"tiny model written to {out}", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Weight-sync strategies: how new trainer weights reach the inference server, one per mode."""

@@ -1,0 +1,68 @@
+"""The one interface every weight-sync strategy implements.
+
+The training loop calls, per optimizer step::
+
+    strategy.before_optimizer_step()   # e.g. pause generation (shared weights)
+    optimizer.step()
+    strategy.after_optimizer_step()    # e.g. resume generation
+    if step % sync_every == 0:
+        result = strategy.sync(model, step)
+
+``attach`` runs once after the model is loaded and before the first step (shared mode
+swaps parameters for shared views; LoRA modes load the initial adapter).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from torch import nn
+
+MODES = ("none", "shared_vllm", "lora_only", "lora_restart")
+
+
+@dataclass(frozen=True)
+class SyncContext:
+    """What a strategy needs to know about the run it serves."""
+
+    inference_url: str
+    served_model_name: str
+    checkpoint_dir: Path
+    backend: str  # "builtin" | "vllm"
+
+
+@dataclass(frozen=True)
+class SyncResult:
+    """Outcome of one sync: how long it took and which policy version inference now serves."""
+
+    sync_time: float
+    policy_version: int
+
+
+class WeightSync(ABC):
+    """Pushes the trainer's current policy to the inference server."""
+
+    mode: ClassVar[str]
+
+    def __init__(self, context: SyncContext) -> None:
+        self.context = context
+
+    def attach(self, model: nn.Module) -> nn.Module:
+        """Prepare ``model`` for this mode before training starts; returns the model to train."""
+        return model
+
+    def before_optimizer_step(self) -> None:
+        """Called right before ``optimizer.step()``."""
+
+    def after_optimizer_step(self) -> None:
+        """Called right after ``optimizer.step()``."""
+
+    @abstractmethod
+    def sync(self, model: nn.Module, step: int) -> SyncResult:
+        """Make the inference server serve ``model`` as of ``step``; raise on failure."""
+
+    def close(self) -> None:
+        """Release resources (sockets, shared memory handles)."""

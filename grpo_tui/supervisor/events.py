@@ -1,0 +1,122 @@
+"""Typed events: everything the supervisor tells its subscribers (headless console, TUI, files).
+
+Plain frozen dataclasses so that sinks can render them without knowing the supervisor, and
+``to_json`` gives the one JSON shape used by ``events.jsonl`` and ``grpo-tui run --json``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
+from typing import Any
+
+
+class State(StrEnum):
+    """Life-cycle of one supervised process."""
+
+    PENDING = "pending"  # not started, dependencies not met yet
+    STARTING = "starting"  # spawned, readiness probe not yet passed
+    RUNNING = "running"  # spawned, no readiness probe configured
+    READY = "ready"  # readiness probe passed (the dependency condition process_healthy)
+    UNHEALTHY = "unhealthy"  # liveness probe failing, not yet restarted
+    STOPPING = "stopping"  # shutdown signal sent, waiting for the group to exit
+    BACKOFF = "backoff"  # exited, waiting to restart
+    COMPLETED = "completed"  # exited 0 and will not restart
+    STOPPED = "stopped"  # stopped on request
+    FAILED = "failed"  # exited non-zero / could not start, no restart left
+
+
+@dataclass(frozen=True, kw_only=True)
+class Event:
+    """Base of all events; ``t`` is wall-clock seconds since the epoch."""
+
+    t: float = field(default_factory=time.time)
+
+    @property
+    def kind(self) -> str:
+        return type(self).__name__
+
+    def to_json(self) -> dict[str, Any]:
+        return {"type": self.kind, **asdict(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateChanged(Event):
+    process: str
+    old: State
+    new: State
+    pid: int | None = None
+    reason: str = ""
+    exit_code: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeResult(Event):
+    process: str
+    probe: str  # "readiness" | "liveness"
+    ok: bool
+    message: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LogBatch(Event):
+    """Lines a process printed since the last batch; ``dropped`` lines this subscriber missed."""
+
+    process: str
+    lines: tuple[str, ...]
+    dropped: int = 0
+
+
+@dataclass(frozen=True, kw_only=True)
+class Restarting(Event):
+    process: str
+    attempt: int
+    delay: float
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class MetricsRecord(Event):
+    """One metrics record a child sent on the control socket (``step`` may be None)."""
+
+    process: str
+    step: int | None
+    data: dict[str, float]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RequestReceived(Event):
+    """A control request from a child (e.g. the trainer asking for an inference restart)."""
+
+    process: str
+    action: str
+    target: str | None
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResourceSample(Event):
+    """CPU %, RSS and GPU memory of one process tree."""
+
+    process: str
+    cpu_percent: float
+    rss_bytes: int
+    gpu_memory_bytes: int | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class GpuSample(Event):
+    index: int
+    name: str
+    memory_used_bytes: int
+    memory_total_bytes: int
+    utilization_percent: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Notice(Event):
+    """A message from the supervisor itself (mode switch progress, run finished, ...)."""
+
+    level: str  # "info" | "warning" | "error"
+    message: str

@@ -1,0 +1,143 @@
+"""What the supervisor runs: one validated description per child process.
+
+These models are the edge between a profile (TOML written by a person) and the supervisor.
+Key names follow process-compose where a user would guess them (``depends_on`` with a
+``condition``, probes with ``initial_delay`` / ``period`` / ``success_threshold``).
+"""
+
+from __future__ import annotations
+
+import signal
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Strict(BaseModel):
+    """Base for profile-facing models: unknown keys are errors, not silently dropped."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Condition(StrEnum):
+    """When a dependent may start, relative to one of its dependencies."""
+
+    STARTED = "process_started"
+    HEALTHY = "process_healthy"
+    COMPLETED = "process_completed_successfully"
+
+
+class Dependency(Strict):
+    condition: Condition = Condition.HEALTHY
+
+
+class ProbeTiming(Strict):
+    initial_delay: float = Field(0.0, ge=0)
+    period: float = Field(1.0, gt=0)
+    timeout: float = Field(1.0, gt=0)
+    success_threshold: int = Field(1, ge=1)
+    failure_threshold: int = Field(3, ge=1)
+
+
+class HttpProbe(ProbeTiming):
+    """Healthy when ``GET url`` answers with a status in ``[200, 400)``."""
+
+    kind: Literal["http"] = "http"
+    url: str
+
+
+class TcpProbe(ProbeTiming):
+    """Healthy when a TCP connection to ``host:port`` opens."""
+
+    kind: Literal["tcp"] = "tcp"
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+
+
+class ExecProbe(ProbeTiming):
+    """Healthy when ``command`` exits 0 within the timeout."""
+
+    kind: Literal["exec"] = "exec"
+    command: list[str] = Field(min_length=1)
+
+
+class LogLineProbe(ProbeTiming):
+    """Healthy once a line of the process's output matches ``pattern`` (a Python regex)."""
+
+    kind: Literal["log_line"] = "log_line"
+    pattern: str
+
+    @field_validator("pattern")
+    @classmethod
+    def _compiles(cls, value: str) -> str:
+        import re
+
+        re.compile(value)
+        return value
+
+
+Probe = Annotated[HttpProbe | TcpProbe | ExecProbe | LogLineProbe, Field(discriminator="kind")]
+
+
+class RestartPolicy(Strict):
+    """Restart with exponential backoff: ``base * factor**n`` seconds, at most ``cap``.
+
+    The count ``n`` resets once a run has lasted ``reset_after`` seconds; ``max_restarts``
+    consecutive restarts without such a stable run mark the process failed.
+    """
+
+    policy: Literal["no", "on_failure", "always"] = "no"
+    backoff_base: float = Field(1.0, gt=0)
+    backoff_factor: float = Field(2.0, ge=1)
+    backoff_cap: float = Field(30.0, gt=0)
+    reset_after: float = Field(60.0, gt=0)
+    max_restarts: int = Field(5, ge=0)
+
+    def delay(self, attempt: int) -> float:
+        """Seconds to wait before restart number ``attempt`` (0-based)."""
+        return min(self.backoff_cap, self.backoff_base * self.backoff_factor**attempt)
+
+
+class Shutdown(Strict):
+    signal: str = "SIGTERM"
+    timeout: float = Field(10.0, gt=0)
+
+    @field_validator("signal")
+    @classmethod
+    def _known_signal(cls, value: str) -> str:
+        name = value.upper() if value.upper().startswith("SIG") else f"SIG{value.upper()}"
+        if not isinstance(getattr(signal, name, None), signal.Signals):
+            raise ValueError(f"unknown signal {value!r}")
+        return name
+
+    @property
+    def signum(self) -> signal.Signals:
+        return signal.Signals[self.signal]
+
+
+class ProcessSpec(Strict):
+    """One child process: how to start it, when it is ready, how to keep it and stop it.
+
+    ``metrics_url`` names a Prometheus endpoint (vLLM's ``/metrics``) that the supervisor
+    scrapes for inference throughput.
+    """
+
+    name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    role: str = "process"
+    command: list[str] = Field(min_length=1)
+    cwd: str | None = None
+    env: dict[str, str] = Field(default_factory=dict)
+    port: int | None = Field(None, ge=1, le=65535)
+    metrics_url: str | None = None
+    depends_on: dict[str, Dependency] = Field(default_factory=dict)
+    readiness: Probe | None = None
+    liveness: Probe | None = None
+    restart: RestartPolicy = Field(default_factory=RestartPolicy)
+    shutdown: Shutdown = Field(default_factory=Shutdown)
+
+    @model_validator(mode="after")
+    def _not_self_dependent(self) -> ProcessSpec:
+        if self.name in self.depends_on:
+            raise ValueError(f"process {self.name!r} depends on itself")
+        return self

@@ -1,0 +1,46 @@
+"""The tiny model is a real Hugging Face model directory, deterministic for a seed."""
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerFast
+
+from grpo_trainer.models import build_tiny_model, load_model, load_tokenizer
+
+
+def test_tiny_model_loads_with_auto_classes(tmp_path: Path) -> None:
+    build_tiny_model(tmp_path / "m", seed=3)
+    tok = AutoTokenizer.from_pretrained(tmp_path / "m")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "m")
+    assert model.config.model_type == "qwen2"
+    assert tok.eos_token_id is not None and tok.pad_token_id is not None
+    assert tok.pad_token_id != tok.eos_token_id
+    assert model.config.vocab_size == len(tok)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "repeat 7"}], add_generation_prompt=True, return_dict=False
+    )
+    assert tok.decode(prompt).endswith("<|im_start|>assistant\n")
+    out = model(torch.tensor([prompt])).logits
+    assert out.shape == (1, len(prompt), len(tok))
+
+
+def test_tokenizer_same_under_every_loading_class(tmp_path: Path) -> None:
+    build_tiny_model(tmp_path / "m")
+    auto = load_tokenizer(tmp_path / "m")
+    plain = PreTrainedTokenizerFast.from_pretrained(tmp_path / "m")
+    for text in ["repeat 7: 777777", "two words\n\n  x", "0123456789"]:
+        ids = auto(text).input_ids
+        assert ids == plain(text).input_ids
+        assert auto.decode(ids) == text
+        assert len(ids) == len(text)
+
+
+def test_same_seed_same_weights_other_seed_differs(tmp_path: Path) -> None:
+    a = load_model(build_tiny_model(tmp_path / "a", seed=1))
+    b = load_model(build_tiny_model(tmp_path / "b", seed=1))
+    c = load_model(build_tiny_model(tmp_path / "c", seed=2))
+    for (name, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+    assert any(
+        not torch.equal(pa, pc) for pa, pc in zip(a.parameters(), c.parameters(), strict=True)
+    )
