@@ -1,0 +1,1 @@
+"""Rollout API: Atropos-compatible queue of scored rollout groups, durable in SQLite."""
