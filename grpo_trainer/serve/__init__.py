@@ -1,0 +1,1 @@
+"""The built-in inference server: an OpenAI/vLLM-compatible completions API over transformers."""

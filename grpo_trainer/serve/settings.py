@@ -1,0 +1,190 @@
+"""Inference-server settings and the command line that starts it, for both backends.
+
+Torch-free on purpose: ``grpo-tui check`` resolves the process plan through this module
+without loading torch. The profile's ``[inference]`` table maps onto ``InferenceSettings``;
+``inference_command`` turns it plus a weight-sync mode into an argv and environment.
+
+Served names: environments always ask for ``served_model_name`` (default ``policy``). In
+the LoRA modes that name is the adapter, and the base model is served as
+``<served_model_name>-base``, so a request for ``policy`` is always the current policy.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Backend = Literal["builtin", "vllm"]
+Mode = Literal["none", "shared_vllm", "lora_only", "lora_restart"]
+LORA_MODES: tuple[str, ...] = ("lora_only", "lora_restart")
+VLLM_WORKER_EXTENSION = "grpo_trainer.sync.vllm_worker.SharedWeightsExtension"
+
+
+class InferenceSettings(BaseModel):
+    """How to run the inference server; field names follow vLLM's flags."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    backend: Backend = "builtin"
+    host: str = "127.0.0.1"
+    port: int = Field(default=9001, ge=1, le=65535)
+    served_model_name: str = Field(default="policy", min_length=1)
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    device: str = Field(default="cpu", description="built-in backend only: cpu, cuda, cuda:N")
+    seed: int = 0
+    max_lora_rank: int = Field(default=16, ge=1)
+    max_model_len: int | None = Field(default=None, ge=1)
+    gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
+    enforce_eager: bool = False
+    weight_transfer: Literal["cuda_ipc", "nccl"] = Field(
+        default="cuda_ipc",
+        description=(
+            "vLLM shared_vllm only: 'cuda_ipc' = trainer on the same GPU holds zero-copy "
+            "views of vLLM's weights (worker extension); 'nccl' = trainer on other GPUs, "
+            "vLLM's native NCCL weight transfer"
+        ),
+    )
+    cuda_visible_devices: str | None = Field(
+        default=None, description="CUDA_VISIBLE_DEVICES for the server process"
+    )
+    vllm_executable: list[str] = Field(
+        default_factory=lambda: ["vllm"],
+        min_length=1,
+        description="how to invoke vLLM's CLI, e.g. ['python3', '-m', 'vllm.entrypoints.cli.main']",
+    )
+    extra_args: list[str] = Field(default_factory=list)
+
+    @property
+    def base_url(self) -> str:
+        """Root URL of the server (``/health``, ``/v1/...`` hang off it)."""
+        return f"http://{self.host}:{self.port}"
+
+    def base_model_name(self, mode: str) -> str:
+        """The name the base model is served under in ``mode``."""
+        return f"{self.served_model_name}-base" if mode in LORA_MODES else self.served_model_name
+
+
+class InferenceLaunch(BaseModel):
+    """A resolved launch: the argv to exec and the environment variables to add."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    argv: list[str]
+    env: dict[str, str]
+
+
+def inference_command(
+    settings: InferenceSettings,
+    *,
+    mode: str,
+    model: str,
+    adapter: str | None = None,
+    shared_dir: str | None = None,
+) -> InferenceLaunch:
+    """The command that serves ``model`` (plus ``adapter`` in LoRA modes) for sync ``mode``.
+
+    Raises ``ValueError`` naming the problem for an unknown mode, an adapter outside the
+    LoRA modes, or the built-in ``shared_vllm`` mode without a ``shared_dir``.
+    """
+    if mode not in ("none", "shared_vllm", *LORA_MODES):
+        raise ValueError(f"unknown weight-sync mode {mode!r}")
+    if adapter is not None and mode not in LORA_MODES:
+        raise ValueError(f"an adapter is only served in LoRA modes, not in {mode!r}")
+    if settings.backend == "vllm":
+        return _vllm_command(settings, mode=mode, model=model, adapter=adapter)
+    return _builtin_command(
+        settings, mode=mode, model=model, adapter=adapter, shared_dir=shared_dir
+    )
+
+
+def _common_env(settings: InferenceSettings) -> dict[str, str]:
+    env: dict[str, str] = {}
+    if settings.cuda_visible_devices is not None:
+        env["CUDA_VISIBLE_DEVICES"] = settings.cuda_visible_devices
+    return env
+
+
+def _builtin_command(
+    settings: InferenceSettings,
+    *,
+    mode: str,
+    model: str,
+    adapter: str | None,
+    shared_dir: str | None,
+) -> InferenceLaunch:
+    argv = [
+        sys.executable,
+        "-m",
+        "grpo_trainer.serve",
+        model,
+        "--host",
+        settings.host,
+        "--port",
+        str(settings.port),
+        "--served-model-name",
+        settings.base_model_name(mode),
+        "--dtype",
+        settings.dtype,
+        "--device",
+        settings.device,
+        "--seed",
+        str(settings.seed),
+    ]
+    if settings.max_model_len is not None:
+        argv += ["--max-model-len", str(settings.max_model_len)]
+    if mode in LORA_MODES:
+        argv += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank)]
+        if adapter is not None:
+            argv += ["--lora-modules", f"{settings.served_model_name}={adapter}"]
+    if mode == "shared_vllm":
+        if shared_dir is None:
+            raise ValueError("shared_vllm on the built-in backend needs shared_dir")
+        argv += ["--shared-weights", shared_dir]
+    return InferenceLaunch(argv=[*argv, *settings.extra_args], env=_common_env(settings))
+
+
+def _vllm_command(
+    settings: InferenceSettings, *, mode: str, model: str, adapter: str | None
+) -> InferenceLaunch:
+    argv = [
+        *settings.vllm_executable,
+        "serve",
+        model,
+        "--host",
+        settings.host,
+        "--port",
+        str(settings.port),
+        "--served-model-name",
+        settings.base_model_name(mode),
+        "--dtype",
+        settings.dtype,
+        "--seed",
+        str(settings.seed),
+        "--logprobs-mode",
+        "processed_logprobs",
+    ]
+    if settings.max_model_len is not None:
+        argv += ["--max-model-len", str(settings.max_model_len)]
+    if settings.gpu_memory_utilization is not None:
+        argv += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
+    if settings.enforce_eager:
+        argv.append("--enforce-eager")
+    env = _common_env(settings)
+    if mode in LORA_MODES:
+        argv += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank)]
+        if adapter is not None:
+            argv += ["--lora-modules", f"{settings.served_model_name}={adapter}"]
+        env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
+        env["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache after an in-place reload
+    if mode == "shared_vllm":
+        argv += [
+            "--worker-extension-cls",
+            VLLM_WORKER_EXTENSION,
+            "--weight-transfer-config",
+            json.dumps({"backend": "nccl"}),
+        ]
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    return InferenceLaunch(argv=[*argv, *settings.extra_args], env=env)
