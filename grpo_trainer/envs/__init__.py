@@ -1,0 +1,1 @@
+"""Environments: turn prompts into scored rollout groups for the rollout API."""

@@ -1,0 +1,110 @@
+"""Settings of one environment process, and the command line that starts it.
+
+The profile's ``[[env]]`` tables map onto :class:`EnvSettings` (unknown keys are errors).
+The connection details (API and inference URLs, tokenizer, API token) belong to other
+roles, so :meth:`EnvSettings.command` takes them as arguments. Torch-free on purpose:
+``grpo-tui check`` imports this module and must stay fast.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+BUILTIN_TASKS = ("toy", "gsm8k")
+DOTTED_PATH = re.compile(r"^[A-Za-z_][\w.]*[:.][A-Za-z_]\w*$")
+
+
+class EnvSettings(BaseModel):
+    """One environment: which task it runs and how it samples, scores and evaluates."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field("", description="name registered with the API (default: the task name)")
+    task: str = Field("toy", description='"toy", "gsm8k", or "package.module:TaskClass"')
+    model_name: str = Field("policy", description="served model name asked of inference")
+    group_size: int = Field(8, ge=2, description="completions per prompt (one group)")
+    max_concurrency: int = Field(4, ge=1, description="groups generated at the same time")
+    seed: int = 0
+    max_tokens: int | None = Field(None, ge=1, description="completion cap; None = task's default")
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_token_length: int = Field(2048, ge=8, description="registered max_token_length")
+    eval_every: int = Field(0, ge=0, description="evaluate every N trainer steps; 0 = never")
+    eval_k: int = Field(8, ge=1, description="samples per held-out prompt for pass@k / mean@k")
+    eval_size: int = Field(32, ge=1, description="held-out prompts per evaluation")
+    data_file: Path | None = Field(None, description="JSONL data for dataset tasks (offline)")
+    weight: float = Field(1.0, gt=0, description="share of each batch relative to other envs")
+    min_batch_allocation: float | None = Field(None, ge=0, le=1)
+    max_groups: int = Field(0, ge=0, description="stop after sending N groups; 0 = run on")
+
+    @field_validator("task")
+    @classmethod
+    def _known_task(cls, value: str) -> str:
+        if value in BUILTIN_TASKS or DOTTED_PATH.match(value):
+            return value
+        raise ValueError(
+            f"task {value!r} is neither a built-in task {BUILTIN_TASKS} "
+            "nor a dotted path like 'my_package.tasks:MyTask'"
+        )
+
+    @model_validator(mode="after")
+    def _data_file_exists(self) -> EnvSettings:
+        if self.data_file is not None and not self.data_file.is_file():
+            raise ValueError(f"data_file {str(self.data_file)!r} does not exist")
+        return self
+
+    @property
+    def module(self) -> str:
+        """The module ``python -m`` runs: the task's own, or the generic runner."""
+        if self.task in BUILTIN_TASKS:
+            return f"grpo_trainer.envs.{self.task}"
+        return "grpo_trainer.envs"
+
+    @property
+    def registered_name(self) -> str:
+        """The ``desired_name`` sent to ``/register-env``."""
+        return self.name or (self.task if self.task in BUILTIN_TASKS else self.task.split(":")[-1])
+
+    def command(
+        self,
+        *,
+        api_url: str,
+        inference_url: str,
+        tokenizer: str,
+        api_token: str | None = None,
+    ) -> list[str]:
+        """The argv that starts this environment against the given API and inference server."""
+        argv = [sys.executable, "-m", self.module]
+        if self.module == "grpo_trainer.envs":
+            argv += ["--task", self.task]
+        argv += [
+            "--api-url", api_url,
+            "--inference-url", inference_url,
+            "--model-name", self.model_name,
+            "--tokenizer", tokenizer,
+            "--group-size", str(self.group_size),
+            "--name", self.registered_name,
+            "--seed", str(self.seed),
+            "--max-concurrency", str(self.max_concurrency),
+            "--temperature", repr(self.temperature),
+            "--top-p", repr(self.top_p),
+            "--max-token-length", str(self.max_token_length),
+            "--eval-every", str(self.eval_every),
+            "--eval-k", str(self.eval_k),
+            "--eval-size", str(self.eval_size),
+            "--weight", repr(self.weight),
+            "--max-groups", str(self.max_groups),
+        ]  # fmt: skip
+        if self.min_batch_allocation is not None:
+            argv += ["--min-batch-allocation", repr(self.min_batch_allocation)]
+        if self.max_tokens is not None:
+            argv += ["--max-tokens", str(self.max_tokens)]
+        if self.data_file is not None:
+            argv += ["--data-file", str(self.data_file)]
+        if api_token:
+            argv += ["--api-token", api_token]
+        return argv
