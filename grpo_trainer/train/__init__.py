@@ -1,0 +1,1 @@
+"""The GRPO trainer: config, data, loss, loop, checkpoints, metrics reporting."""
