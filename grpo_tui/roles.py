@@ -1,0 +1,449 @@
+"""The role layer: a profile's role tables become process specs for the supervisor.
+
+Roles run in the order api -> inference -> trainer -> env(s), each with a readiness probe,
+a restart policy and a shutdown timeout that suit it. With ``model = "tiny"`` a one-shot
+``model`` process builds the tiny model into ``RUN/model`` first. The layer also keeps the
+current overrides (weight-sync mode, the model and adapter inference serves, settings
+changed at a restart) so that ``respec`` rebuilds a spec for the supervisor's restarts and
+mode switches. Torch-free: ``grpo-tui check`` goes through here.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
+
+from grpo_trainer.api.settings import ApiSettings
+from grpo_trainer.envs.settings import EnvSettings
+from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.train.config import TrainerConfig
+from grpo_tui.profile import (
+    KeyPath,
+    Problem,
+    Profile,
+    ProfileError,
+    check_graph,
+    validate_process_tables,
+)
+from grpo_tui.supervisor.spec import (
+    Condition,
+    Dependency,
+    HttpProbe,
+    LogLineProbe,
+    ProcessSpec,
+    RestartPolicy,
+    Shutdown,
+)
+
+SettingsT = TypeVar("SettingsT", bound=BaseModel)
+ValueT = TypeVar("ValueT")
+
+TRAINER_READY = r"grpo-trainer ready"
+ENV_READY = r"grpo-env registered"
+ROLE_PROCESSES = ("model", "api", "inference", "trainer")
+
+TRAINER_WIRED = (
+    "model_name",
+    "atropos_url",
+    "api_token",
+    "inference_url",
+    "served_model_name",
+    "inference_backend",
+    "weight_bridge_mode",
+    "save_path",
+)
+"""Trainer keys the role layer derives from the other tables; a profile must not set them."""
+
+ENV_WIRED = ("model_name",)
+INFERENCE_RESTART_KEYS = ("mode", "model", "lora_path", "adapter")
+
+HEALTHY = Dependency(condition=Condition.HEALTHY)
+BUILT = Dependency(condition=Condition.COMPLETED)
+
+
+def run_dir_for(profile: Profile, now: datetime | None = None) -> Path:
+    """``<output_dir>/<name>-<YYYYmmdd-HHMMSS>``, relative to the working directory."""
+    stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
+    return Path(profile.run.output_dir) / f"{profile.run.name}-{stamp}"
+
+
+def _wired(
+    table: Mapping[str, Any], keys: tuple[str, ...], where: KeyPath, source: str, profile: Profile
+) -> list[Problem]:
+    return [
+        profile.problem((*where, key), f"set by the role layer from {source}; remove it")
+        for key in keys
+        if key in table
+    ]
+
+
+class RoleLayer:
+    """Builds role specs from a profile and rebuilds them on restarts and mode switches."""
+
+    def __init__(self, profile: Profile, run_dir: Path) -> None:
+        self.profile = profile
+        self.run_dir = run_dir
+        self.mode: str = profile.run.mode
+        self.inference_model: str | None = None
+        self.adapter: str | None = None
+        self.problems: list[Problem] = []
+        self._tables: dict[str, dict[str, Any]] = {}
+        self.api = self._settings("api", ApiSettings, {})
+        self.inference = self._settings("inference", InferenceSettings, {"seed": self.seed})
+        self.envs = [
+            self._env(index, table) for index, table in enumerate(profile.table("env") or [])
+        ]
+        self._check_trainer_table()
+
+    @property
+    def seed(self) -> int:
+        return self.profile.run.seed
+
+    @property
+    def model_path(self) -> str:
+        """The base model: ``RUN/model`` for the tiny model, else the hub id or path."""
+        if self.profile.run.tiny_model:
+            return str(self.run_dir / "model")
+        return self.profile.run.model
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @property
+    def roles(self) -> list[str]:
+        """Role processes this profile defines, in start order."""
+        names = [r for r in ("api", "inference", "trainer") if self.profile.has_role(r)]
+        names += [self._env_name(i) for i in range(len(self.envs))]
+        if self.profile.run.tiny_model and any(
+            self.profile.has_role(r) for r in ("inference", "trainer", "env")
+        ):
+            names.insert(0, "model")
+        return names
+
+    def _env_name(self, index: int) -> str:
+        return "env" if len(self.envs) == 1 else f"env-{index}"
+
+    def _settings(
+        self, role: str, model: type[SettingsT], defaults: Mapping[str, Any]
+    ) -> SettingsT | None:
+        table = self.profile.table(role) or {}
+        if not self.profile.has_role(role):
+            table = {}
+        self._tables[role] = dict(table)
+        try:
+            return model.model_validate({**defaults, **table})
+        except ValidationError as error:
+            self.problems += self.profile.validation_problems(error, (role,), model)
+            return None
+
+    def _env(self, index: int, table: Mapping[str, Any]) -> EnvSettings | None:
+        where: KeyPath = ("env", index)
+        self.problems += _wired(
+            table, ENV_WIRED, where, "inference.served_model_name", self.profile
+        )
+        served = self.inference.served_model_name if self.inference else "policy"
+        try:
+            return EnvSettings.model_validate(
+                {"seed": self.seed + index, **table, "model_name": served}
+            )
+        except ValidationError as error:
+            self.problems += self.profile.validation_problems(error, where, EnvSettings)
+            return None
+
+    def _check_trainer_table(self) -> None:
+        table = self.profile.table("trainer") or {}
+        self._tables["trainer"] = dict(table)
+        if not self.profile.has_role("trainer"):
+            return
+        self.problems += _wired(
+            table, TRAINER_WIRED, ("trainer",), "[run], [api], [inference]", self.profile
+        )
+        try:
+            self.trainer_config()
+        except ValidationError as error:
+            self.problems += self.profile.validation_problems(error, ("trainer",), TrainerConfig)
+
+    def trainer_config(self) -> TrainerConfig:
+        """The trainer's settings: the ``[trainer]`` table plus the wiring to the others."""
+        api = self.api or ApiSettings()
+        inference = self.inference or InferenceSettings()
+        group_sizes = {env.group_size for env in self.envs if env is not None}
+        defaults: dict[str, Any] = {"seed": self.seed, "resume": "auto"}
+        if len(group_sizes) == 1:
+            defaults["group_size"] = group_sizes.pop()
+        wiring: dict[str, Any] = {
+            "model_name": self.model_path,
+            "atropos_url": api.url,
+            "inference_url": inference.base_url,
+            "served_model_name": inference.served_model_name,
+            "inference_backend": inference.backend,
+            "weight_bridge_mode": self.mode,
+            "save_path": str(self.checkpoint_dir),
+        }
+        if api.token is not None:
+            wiring["api_token"] = api.token.get_secret_value()
+        table = {k: v for k, v in self._tables["trainer"].items() if k not in TRAINER_WIRED}
+        return TrainerConfig.model_validate({**defaults, **table, **wiring})
+
+    def specs(self) -> tuple[list[ProcessSpec], dict[str, KeyPath]]:
+        """Every role process's spec and its key path in the profile; raises ProfileError."""
+        if self.problems:
+            raise ProfileError(self.problems)
+        specs: list[ProcessSpec] = []
+        sources: dict[str, KeyPath] = {}
+        for name in self.roles:
+            try:
+                spec = self.spec(name)
+            except (ValueError, ValidationError) as error:
+                role = "env" if name.startswith("env") else name
+                raise ProfileError([self.profile.problem((role,), str(error))]) from None
+            specs.append(spec)
+            sources[name] = self._source(name)
+        return specs, sources
+
+    def _source(self, name: str) -> KeyPath:
+        if name == "model":
+            return ("run", "model")
+        if name.startswith("env"):
+            index = 0 if name == "env" else int(name.removeprefix("env-"))
+            return ("env", index)
+        return (name,)
+
+    def spec(self, name: str) -> ProcessSpec:
+        """The current spec of role process ``name`` (with the overrides kept so far)."""
+        if name == "model":
+            return self._model_spec()
+        if name == "api":
+            return self._api_spec()
+        if name == "inference":
+            return self._inference_spec()
+        if name == "trainer":
+            return self._trainer_spec()
+        index = 0 if name == "env" else int(name.removeprefix("env-"))
+        return self._env_spec(name, index)
+
+    def _model_deps(self) -> dict[str, Dependency]:
+        return {"model": BUILT} if "model" in self.roles else {}
+
+    def _model_spec(self) -> ProcessSpec:
+        build = [sys.executable, "-m", "grpo_trainer.models", "build", self.model_path]
+        return ProcessSpec(
+            name="model",
+            role="model",
+            command=[*build, "--seed", str(self.seed)],
+            shutdown=Shutdown(timeout=10),
+        )
+
+    def _api_spec(self) -> ProcessSpec:
+        api = self._require(self.api)
+        return ProcessSpec(
+            name="api",
+            role="api",
+            command=api.argv(run_dir=self.run_dir),
+            port=api.port,
+            readiness=HttpProbe(url=api.health_url, period=0.2, timeout=2.0),
+            liveness=HttpProbe(
+                url=api.health_url, initial_delay=5, period=10, timeout=5, failure_threshold=3
+            ),
+            restart=RestartPolicy(policy="on_failure", backoff_base=0.5, max_restarts=5),
+            shutdown=Shutdown(timeout=15),
+        )
+
+    def _inference_spec(self) -> ProcessSpec:
+        settings = self._require(self.inference)
+        launch = inference_command(
+            settings,
+            mode=self.mode,
+            model=self.inference_model or self.model_path,
+            adapter=self.adapter,
+            shared_dir=str(self.run_dir / "shared_weights"),
+        )
+        health = f"{settings.base_url}/health"
+        return ProcessSpec(
+            name="inference",
+            role="inference",
+            command=launch.argv,
+            env=launch.env,
+            port=settings.port,
+            metrics_url=f"{settings.base_url}/metrics",
+            depends_on=self._model_deps(),
+            readiness=HttpProbe(url=health, period=0.25, timeout=2.0),
+            liveness=HttpProbe(
+                url=health, initial_delay=10, period=15, timeout=10, failure_threshold=4
+            ),
+            restart=RestartPolicy(policy="on_failure", backoff_base=1.0, max_restarts=5),
+            shutdown=Shutdown(timeout=30),
+        )
+
+    def _trainer_spec(self) -> ProcessSpec:
+        depends = self._model_deps()
+        depends.update({r: HEALTHY for r in ("api", "inference") if r in self.roles})
+        return ProcessSpec(
+            name="trainer",
+            role="trainer",
+            command=self.trainer_config().argv(),
+            depends_on=depends,
+            readiness=LogLineProbe(pattern=TRAINER_READY, period=0.2),
+            restart=RestartPolicy(policy="on_failure", backoff_base=1.0, max_restarts=5),
+            shutdown=Shutdown(timeout=120),
+        )
+
+    def _env_spec(self, name: str, index: int) -> ProcessSpec:
+        env = self._require(self.envs[index])
+        api = self.api or ApiSettings()
+        inference = self.inference or InferenceSettings()
+        token = api.token.get_secret_value() if api.token is not None else None
+        depends = self._model_deps()
+        depends.update({r: HEALTHY for r in ("api", "inference", "trainer") if r in self.roles})
+        return ProcessSpec(
+            name=name,
+            role="env",
+            command=env.command(
+                api_url=api.url,
+                inference_url=inference.base_url,
+                tokenizer=self.model_path,
+                api_token=token,
+            ),
+            depends_on=depends,
+            readiness=LogLineProbe(pattern=ENV_READY, period=0.2),
+            restart=RestartPolicy(policy="on_failure", backoff_base=1.0, max_restarts=5),
+            shutdown=Shutdown(timeout=10),
+        )
+
+    @staticmethod
+    def _require(settings: ValueT | None) -> ValueT:
+        if settings is None:
+            raise ValueError("settings did not validate")
+        return settings
+
+    def respec(self, name: str, args: Mapping[str, Any]) -> ProcessSpec:
+        """Rebuild the spec of role process ``name`` with ``args`` applied and kept.
+
+        ``mode`` switches the weight-sync mode for every role; inference also takes
+        ``model`` (a full checkpoint to serve) and ``lora_path`` / ``adapter``. Without
+        an explicit model or adapter, inference serves the newest checkpoint of the mode
+        (``resolve_resume``), which is what a crash restart or a mode switch needs. Any
+        other key must be a field of the role's settings (e.g. ``lr`` for the trainer).
+        Raises ``ValueError`` naming a bad key or value; nothing is changed then.
+        """
+        if name not in self.roles:
+            raise ValueError(f"{name!r} is not a role process")
+        args = dict(args)
+        mode = args.pop("mode", self.mode)
+        if name == "inference":
+            model = args.pop("model", None)
+            adapter = args.pop("lora_path", None) or args.pop("adapter", None)
+            self._apply_settings("inference", InferenceSettings, args)
+            self.mode = mode
+            if model is None and adapter is None:
+                model, adapter = self._newest_checkpoint()
+            self.inference_model, self.adapter = model, adapter
+        elif name == "trainer":
+            self._apply_settings("trainer", TrainerConfig, args)
+            self.mode = mode
+        elif name.startswith("env"):
+            index = 0 if name == "env" else int(name.removeprefix("env-"))
+            self._apply_env(index, args)
+        elif name == "api":
+            self._apply_settings("api", ApiSettings, args)
+        elif args:
+            raise ValueError(f"{name} takes no restart arguments, got {sorted(args)}")
+        return self.spec(name)
+
+    def _apply_settings(self, role: str, model: type[BaseModel], args: Mapping[str, Any]) -> None:
+        if not args:
+            return
+        known = set(model.model_fields) - set(TRAINER_WIRED if role == "trainer" else ())
+        unknown = sorted(set(args) - known)
+        if unknown:
+            raise ValueError(f"unknown {role} argument(s): {', '.join(unknown)}")
+        table = {**self._tables[role], **args}
+        if role == "trainer":
+            previous = self._tables["trainer"]
+            self._tables["trainer"] = table
+            try:
+                self.trainer_config()
+            except ValidationError:
+                self._tables["trainer"] = previous
+                raise
+            return
+        settings = model.model_validate(table)
+        self._tables[role] = table
+        setattr(self, role, settings)
+
+    def _apply_env(self, index: int, args: Mapping[str, Any]) -> None:
+        if not args:
+            return
+        current = self._require(self.envs[index])
+        self.envs[index] = EnvSettings.model_validate({**current.model_dump(), **args})
+
+    def _newest_checkpoint(self) -> tuple[str | None, str | None]:
+        """Model and adapter of the newest checkpoint usable in the current mode."""
+        from grpo_trainer.train.checkpoint import resolve_resume
+
+        resolved = resolve_resume(self.checkpoint_dir, self.mode)
+        model = getattr(resolved, "model_path", None)
+        adapter = getattr(resolved, "adapter_path", None)
+        return (str(model) if model else None, str(adapter) if adapter else None)
+
+
+@dataclass
+class Plan:
+    """Everything a run needs: specs in start order, the exit process, the role layer."""
+
+    profile: Profile
+    run_dir: Path
+    specs: list[ProcessSpec]
+    exit_with: str | None
+    roles: RoleLayer
+
+    def respec(self, name: str, args: Mapping[str, Any]) -> ProcessSpec:
+        """The supervisor's ``respec`` callback: roles rebuild, other processes update."""
+        if name in self.roles.roles:
+            return self.roles.respec(name, args)
+        current = next((s for s in self.specs if s.name == name), None)
+        if current is None:
+            raise ValueError(f"no process named {name!r}")
+        if not args:
+            return current
+        return ProcessSpec.model_validate({**current.model_dump(), **args})
+
+
+def build_plan(profile: Profile, run_dir: Path | None = None) -> Plan:
+    """Expand roles and processes into a checked plan; raises ProfileError with every problem."""
+    run_dir = run_dir or run_dir_for(profile)
+    roles = RoleLayer(profile, run_dir)
+    problems = list(roles.problems)
+    role_specs: list[ProcessSpec] = []
+    sources: dict[str, KeyPath] = {}
+    if not problems:
+        try:
+            role_specs, sources = roles.specs()
+        except ProfileError as error:
+            problems += error.problems
+    extra, extra_sources, extra_problems = validate_process_tables(profile, roles.roles)
+    problems += extra_problems
+    sources.update(extra_sources)
+    specs = [*role_specs, *extra]
+    order, graph_problems = check_graph(profile, specs, sources)
+    problems += graph_problems
+    exit_with = profile.run.exit_with
+    if exit_with is None and "trainer" in roles.roles:
+        exit_with = "trainer"
+    names = [*roles.roles, *(profile.table("process") or {})]
+    if exit_with is not None and exit_with not in names:
+        problems.append(
+            profile.problem(
+                ("run", "exit_with"), f"names no process (processes: {', '.join(names)})"
+            )
+        )
+    if problems:
+        raise ProfileError(problems)
+    return Plan(profile=profile, run_dir=run_dir, specs=order, exit_with=exit_with, roles=roles)
