@@ -322,7 +322,7 @@ def validate_process_tables(
             problems.append(profile.problem(where, f"name {name!r} is taken by a role process"))
             continue
         try:
-            spec = ProcessSpec.model_validate({"name": name, **table})
+            spec = ProcessSpec.model_validate({"name": name, **_expand_shorthand(table)})
         except ValidationError as error:
             problems += profile.validation_problems(error, where, ProcessSpec)
             continue
@@ -331,21 +331,43 @@ def validate_process_tables(
     return specs, sources, problems
 
 
+def _expand_shorthand(table: Mapping[str, Any]) -> dict[str, Any]:
+    """Accept ``depends_on = ["a"]`` and ``depends_on = {a = "process_started"}``.
+
+    Both read naturally in TOML; the spec wants ``{a = {condition = "..."}}``. A list means
+    ``process_healthy`` for each name.
+    """
+    out = dict(table)
+    depends = out.get("depends_on")
+    if isinstance(depends, list) and all(isinstance(name, str) for name in depends):
+        out["depends_on"] = {name: {} for name in depends}
+    elif isinstance(depends, dict):
+        out["depends_on"] = {
+            name: {"condition": dep} if isinstance(dep, str) else dep
+            for name, dep in depends.items()
+        }
+    return out
+
+
 def check_graph(
-    profile: Profile, specs: Sequence[ProcessSpec], sources: Mapping[str, KeyPath]
+    profile: Profile,
+    specs: Sequence[ProcessSpec],
+    sources: Mapping[str, KeyPath],
+    names: Sequence[str],
 ) -> tuple[list[ProcessSpec], list[Problem]]:
     """Check dependencies and ports; return the specs in start order and the problems.
 
     Problems: a ``depends_on`` naming no process, a dependency cycle, two processes
-    configured on one port. The order is a topological order that keeps the profile's
-    order among processes free to start together.
+    configured on one port. ``names`` are all processes the profile defines (valid or
+    not), so that one bad table does not make its dependents' references look wrong. The
+    order is a topological order that keeps the profile's order among processes free to
+    start together.
     """
     problems: list[Problem] = []
-    by_name = {spec.name: spec for spec in specs}
     for spec in specs:
         for dep in spec.depends_on:
-            if dep not in by_name:
-                known = ", ".join(by_name)
+            if dep not in names:
+                known = ", ".join(names)
                 problems.append(
                     profile.problem(
                         (*sources[spec.name], "depends_on", dep),

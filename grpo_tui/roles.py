@@ -21,8 +21,9 @@ from pydantic import BaseModel, ValidationError
 
 from grpo_trainer.api.settings import ApiSettings
 from grpo_trainer.envs.settings import EnvSettings
-from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.serve.settings import LORA_MODES, InferenceSettings, inference_command
 from grpo_trainer.train.config import TrainerConfig
+from grpo_trainer.train.resume import resolve_resume
 from grpo_tui.profile import (
     KeyPath,
     Problem,
@@ -48,19 +49,19 @@ TRAINER_READY = r"grpo-trainer ready"
 ENV_READY = r"grpo-env registered"
 ROLE_PROCESSES = ("model", "api", "inference", "trainer")
 
-TRAINER_WIRED = (
-    "model_name",
-    "atropos_url",
-    "api_token",
-    "inference_url",
-    "served_model_name",
-    "inference_backend",
-    "weight_bridge_mode",
-    "save_path",
-)
-"""Trainer keys the role layer derives from the other tables; a profile must not set them."""
+TRAINER_WIRED = {
+    "model_name": "run.model",
+    "atropos_url": "[api]",
+    "api_token": "api.token",
+    "inference_url": "[inference]",
+    "served_model_name": "inference.served_model_name",
+    "inference_backend": "inference.backend",
+    "weight_bridge_mode": "run.mode (or --mode)",
+    "save_path": "the run directory (RUN/checkpoints)",
+}
+"""Trainer keys the role layer derives from other tables (key -> source); not for profiles."""
 
-ENV_WIRED = ("model_name",)
+ENV_WIRED = {"model_name": "inference.served_model_name"}
 INFERENCE_RESTART_KEYS = ("mode", "model", "lora_path", "adapter")
 
 HEALTHY = Dependency(condition=Condition.HEALTHY)
@@ -74,11 +75,12 @@ def run_dir_for(profile: Profile, now: datetime | None = None) -> Path:
 
 
 def _wired(
-    table: Mapping[str, Any], keys: tuple[str, ...], where: KeyPath, source: str, profile: Profile
+    profile: Profile, table: Mapping[str, Any], keys: Mapping[str, str], where: KeyPath
 ) -> list[Problem]:
+    """Problems for keys of a role table that the role layer sets itself."""
     return [
         profile.problem((*where, key), f"set by the role layer from {source}; remove it")
-        for key in keys
+        for key, source in keys.items()
         if key in table
     ]
 
@@ -145,9 +147,7 @@ class RoleLayer:
 
     def _env(self, index: int, table: Mapping[str, Any]) -> EnvSettings | None:
         where: KeyPath = ("env", index)
-        self.problems += _wired(
-            table, ENV_WIRED, where, "inference.served_model_name", self.profile
-        )
+        self.problems += _wired(self.profile, table, ENV_WIRED, where)
         served = self.inference.served_model_name if self.inference else "policy"
         try:
             return EnvSettings.model_validate(
@@ -162,9 +162,7 @@ class RoleLayer:
         self._tables["trainer"] = dict(table)
         if not self.profile.has_role("trainer"):
             return
-        self.problems += _wired(
-            table, TRAINER_WIRED, ("trainer",), "[run], [api], [inference]", self.profile
-        )
+        self.problems += _wired(self.profile, table, TRAINER_WIRED, ("trainer",))
         try:
             self.trainer_config()
         except ValidationError as error:
@@ -385,13 +383,16 @@ class RoleLayer:
         self.envs[index] = EnvSettings.model_validate({**current.model_dump(), **args})
 
     def _newest_checkpoint(self) -> tuple[str | None, str | None]:
-        """Model and adapter of the newest checkpoint usable in the current mode."""
-        from grpo_trainer.train.checkpoint import resolve_resume
+        """Model and adapter of the newest checkpoint usable in the current mode.
 
-        resolved = resolve_resume(self.checkpoint_dir, self.mode)
-        model = getattr(resolved, "model_path", None)
-        adapter = getattr(resolved, "adapter_path", None)
-        return (str(model) if model else None, str(adapter) if adapter else None)
+        In a full mode a newer adapter is not served (the trainer merges it and inference
+        catches up at the first sync); only its base model is.
+        """
+        point = resolve_resume(self.checkpoint_dir, self.mode)
+        if point is None:
+            return None, None
+        adapter = point.adapter_path if self.mode in LORA_MODES else None
+        return point.model_path, adapter
 
 
 @dataclass
@@ -432,12 +433,12 @@ def build_plan(profile: Profile, run_dir: Path | None = None) -> Plan:
     problems += extra_problems
     sources.update(extra_sources)
     specs = [*role_specs, *extra]
-    order, graph_problems = check_graph(profile, specs, sources)
+    names = [*roles.roles, *(profile.table("process") or {})]
+    order, graph_problems = check_graph(profile, specs, sources, names)
     problems += graph_problems
     exit_with = profile.run.exit_with
     if exit_with is None and "trainer" in roles.roles:
         exit_with = "trainer"
-    names = [*roles.roles, *(profile.table("process") or {})]
     if exit_with is not None and exit_with not in names:
         problems.append(
             profile.problem(

@@ -1,0 +1,203 @@
+"""The ``grpo-tui`` command: the dashboard (default), ``run`` headless, ``check``, ``view``.
+
+``check`` and ``run`` never import textual (nor torch): the dashboard and the viewer are
+imported only when asked for. Bad profiles exit 2 with one line per problem.
+"""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+from typing import Annotated
+
+import click
+import typer
+from rich.console import Console
+from rich.markup import escape
+from typer.core import TyperGroup
+
+from grpo_tui.profile import Profile, ProfileError, load_profile
+from grpo_tui.roles import Plan, build_plan
+from grpo_tui.supervisor.spec import ExecProbe, HttpProbe, LogLineProbe, ProcessSpec, TcpProbe
+
+DEFAULT_PROFILE = Path("profiles/quickstart.toml")
+EXIT_BAD_INPUT = 2
+DEFAULT_COMMAND = "tui"
+
+
+class DefaultToTui(TyperGroup):
+    """``grpo-tui [PROFILE] [--mode M]`` means ``grpo-tui tui ...``: a default command."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        group_flags = {"--help", "-h", "--install-completion", "--show-completion"}
+        if not args or (args[0] not in self.commands and args[0] not in group_flags):
+            args = [DEFAULT_COMMAND, *args]
+        return super().parse_args(ctx, args)
+
+
+app = typer.Typer(
+    cls=DefaultToTui,
+    help="Supervise GRPO training: dashboard, headless runs, profile checks.",
+    no_args_is_help=False,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ModeOption = Annotated[
+    str | None,
+    typer.Option(
+        "--mode",
+        help="Weight-sync mode, overriding run.mode: none, shared_vllm, lora_only, lora_restart.",
+    ),
+]
+
+
+def _err() -> Console:
+    return Console(stderr=True, highlight=False)
+
+
+def _fail(error: ProfileError) -> typer.Exit:
+    console = _err()
+    count = len(error.problems)
+    for problem in sorted(error.problems, key=lambda p: (p.file, p.line or 0)):
+        console.print(f"[bold red]error[/] {escape(str(problem))}", soft_wrap=True)
+    console.print(f"{count} problem{'s' if count != 1 else ''}; nothing was started.")
+    return typer.Exit(EXIT_BAD_INPUT)
+
+
+def _load(profile: Path, mode: str | None) -> tuple[Profile, Plan]:
+    loaded = load_profile(profile, mode=mode)
+    return loaded, build_plan(loaded)
+
+
+def _default_profile(profile: Path | None) -> Path:
+    if profile is not None:
+        return profile
+    if DEFAULT_PROFILE.is_file():
+        return DEFAULT_PROFILE
+    _err().print(f"[bold red]error[/] no profile given and {DEFAULT_PROFILE} is not here")
+    raise typer.Exit(EXIT_BAD_INPUT)
+
+
+@app.command(DEFAULT_COMMAND)
+def tui(
+    profile: Annotated[
+        Path | None, typer.Argument(help=f"Profile TOML (default: {DEFAULT_PROFILE}).")
+    ] = None,
+    mode: ModeOption = None,
+) -> None:
+    """Open the dashboard on a profile (the default command)."""
+    path = _default_profile(profile)
+    try:
+        _load(path, mode)
+    except ProfileError as error:
+        raise _fail(error) from None
+    from grpo_tui.app import run_app
+
+    raise typer.Exit(run_app(path, mode=mode) or 0)
+
+
+@app.command()
+def check(
+    profile: Annotated[Path, typer.Argument(help="Profile TOML to validate.")],
+    mode: ModeOption = None,
+) -> None:
+    """Validate a profile and print the resolved process plan (or every problem)."""
+    try:
+        loaded, plan = _load(profile, mode)
+    except ProfileError as error:
+        raise _fail(error) from None
+    print_plan(Console(highlight=False), loaded, plan)
+
+
+@app.command()
+def run(
+    profile: Annotated[Path, typer.Argument(help="Profile TOML to run.")],
+    mode: ModeOption = None,
+    json_lines: Annotated[
+        bool, typer.Option("--json", help="Print every event as a JSON line on stdout.")
+    ] = False,
+    logs: Annotated[
+        bool, typer.Option("--logs", help="Echo the processes' output on the console.")
+    ] = False,
+) -> None:
+    """Run a profile headless: supervise until the exit_with process ends, then shut down."""
+    from grpo_tui.headless import run_headless
+
+    try:
+        _, plan = _load(profile, mode)
+    except ProfileError as error:
+        raise _fail(error) from None
+    raise typer.Exit(run_headless(plan, json_lines=json_lines, echo_logs=logs))
+
+
+@app.command()
+def view(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. runs/quickstart-...")],
+) -> None:
+    """Open a finished run's metrics, events and logs (read-only)."""
+    if not (run_dir / "events.jsonl").is_file() and not (run_dir / "profile.toml").is_file():
+        _err().print(f"[bold red]error[/] {escape(str(run_dir))}: not a run directory")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    from grpo_tui.app import run_view
+
+    raise typer.Exit(run_view(run_dir) or 0)
+
+
+def describe_probe(probe: HttpProbe | TcpProbe | ExecProbe | LogLineProbe | None) -> str:
+    """A probe in one line: what it checks and how often."""
+    if probe is None:
+        return "-"
+    match probe:
+        case HttpProbe():
+            what = f"http GET {probe.url}"
+        case TcpProbe():
+            what = f"tcp {probe.host}:{probe.port}"
+        case ExecProbe():
+            what = f"exec {shlex.join(probe.command)}"
+        case LogLineProbe():
+            what = f"log_line /{probe.pattern}/"
+    return f"{what} every {probe.period:g}s"
+
+
+def _describe_spec(index: int, spec: ProcessSpec) -> list[str]:
+    deps = ", ".join(f"{name} ({dep.condition.value})" for name, dep in spec.depends_on.items())
+    restart = spec.restart
+    policy = restart.policy
+    if policy != "no":
+        policy += f" (max {restart.max_restarts}, backoff {restart.backoff_base:g}s x"
+        policy += f"{restart.backoff_factor:g} cap {restart.backoff_cap:g}s)"
+    lines = [
+        f"{index}. {spec.name} [{spec.role}]",
+        f"   command:    {shlex.join(spec.command)}",
+        f"   depends_on: {deps or '-'}",
+        f"   readiness:  {describe_probe(spec.readiness)}",
+    ]
+    if spec.liveness is not None:
+        lines.append(f"   liveness:   {describe_probe(spec.liveness)}")
+    if spec.port is not None:
+        lines.append(f"   port:       {spec.port}")
+    if spec.env:
+        lines.append(f"   env:        {' '.join(f'{k}={v}' for k, v in spec.env.items())}")
+    if spec.cwd:
+        lines.append(f"   cwd:        {spec.cwd}")
+    lines.append(f"   restart:    {policy}")
+    lines.append(f"   shutdown:   {spec.shutdown.signal}, timeout {spec.shutdown.timeout:g}s")
+    return lines
+
+
+def print_plan(console: Console, profile: Profile, plan: Plan) -> None:
+    """The resolved plan: start order, commands, probes, ports, dependencies."""
+    run = profile.run
+    console.print(f"profile   {profile.path}: ok", markup=False)
+    console.print(f"run       {run.name}  mode={plan.roles.mode}  model={run.model}", markup=False)
+    console.print(f"run dir   {plan.run_dir} (created by `grpo-tui run`)", markup=False)
+    console.print(f"exit_with {plan.exit_with or '- (runs until stopped)'}", markup=False)
+    console.print(f"start order: {' -> '.join(s.name for s in plan.specs)}", markup=False)
+    for index, spec in enumerate(plan.specs, start=1):
+        console.print("\n".join(_describe_spec(index, spec)), markup=False, soft_wrap=True)
+
+
+def main() -> None:
+    """Entry point of the ``grpo-tui`` script."""
+    app()
