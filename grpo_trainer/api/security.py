@@ -1,0 +1,35 @@
+"""Bearer-token check on every request, for APIs bound beyond loopback.
+
+The queue accepts training data and hands it to the trainer: anyone who can reach it can
+poison or steal a run. Off loopback the server refuses to start without a token (see
+``ApiSettings``), and this middleware checks it on every request except ``GET /health``,
+which readiness probes call without credentials and which discloses nothing.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+OPEN_PATHS = frozenset({"/health"})
+
+
+class TokenGuard:
+    """Answer 401 unless ``Authorization: Bearer <token>`` matches (constant-time compare)."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.expected = f"Bearer {token}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+            await self.app(scope, receive, send)
+            return
+        given = dict(scope["headers"]).get(b"authorization", b"")
+        if not hmac.compare_digest(given, self.expected):
+            reason = "wrong bearer token" if given else "missing 'Authorization: Bearer' token"
+            await JSONResponse({"detail": reason}, status_code=401)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
