@@ -1,0 +1,434 @@
+"""The environment runner: prompts -> inference -> scores -> rollout API, concurrently.
+
+Protocol (Atropos environment side): ``POST /register-env`` until the API stops answering
+"wait for trainer to start" (then ``grpo-env registered`` is printed: the supervisor's
+readiness probe), ``GET /info`` for the batch shape, then per group: ``GET /status-env``
+(pause while the API says the queue is full: bounded off-policy lag), ``/v1/completions``
+on the inference server, score, build the group (``groups.py``), ``POST /scored_data``.
+``max_concurrency`` workers run this loop side by side.
+
+Failures never stop the environment. The inference server unreachable or answering 5xx:
+retry with exponential backoff. Garbage answers, a scorer that raises, a group the API
+rejects: logged with the reason, counted in ``env/errors``, next prompt. The API
+unreachable: retry with backoff. Delivery is **at most once**: a group is re-posted only
+when the request provably never reached the API (connection refused, or the API rejected
+it unread); when the connection drops after the request went out, the group is counted
+in ``env/groups_unconfirmed`` and not re-sent, so the queue never holds a duplicate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+from transformers import PreTrainedTokenizerBase
+
+from grpo_trainer.envs.groups import Group, build_group
+from grpo_trainer.envs.inference import (
+    BadCompletion,
+    InferenceUnavailable,
+    Sample,
+    SamplingRequest,
+    complete,
+)
+from grpo_trainer.envs.settings import EnvSettings
+from grpo_trainer.envs.stats import EnvStats, Reporter
+from grpo_trainer.envs.task import Prompt, Task
+
+log = logging.getLogger("grpo_trainer.envs")
+
+READY_LINE = "grpo-env registered"
+WAIT_STATUS = "wait for trainer to start"
+NOT_DELIVERED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.WriteError)
+
+
+class FatalEnvError(RuntimeError):
+    """Something retrying cannot fix (e.g. the API refuses our registration)."""
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where the environment talks to: the rollout API and the inference server."""
+
+    api_url: str
+    inference_url: str
+    api_token: str | None = None
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with a cap: 0.1 s, 0.2 s, ... up to ``cap``; reset on success."""
+
+    first: float = 0.1
+    cap: float = 5.0
+    current: float = 0.0
+
+    def next(self) -> float:
+        self.current = self.first if self.current == 0 else min(self.current * 2, self.cap)
+        return self.current
+
+    def reset(self) -> None:
+        self.current = 0.0
+
+
+class EnvRunner:
+    """Runs one task against the API and the inference server until stopped."""
+
+    def __init__(
+        self,
+        task: Task,
+        settings: EnvSettings,
+        connection: Connection,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        reporter: Reporter | None = None,
+        status_poll: float = 0.25,
+        report_every: float = 2.0,
+    ) -> None:
+        self.task = task
+        self.settings = settings
+        self.connection = connection
+        self.tokenizer = tokenizer
+        self.reporter = reporter or Reporter(None)
+        self.status_poll = status_poll
+        self.report_every = report_every
+        self.stats = EnvStats()
+        self.rng = random.Random(settings.seed)
+        self.max_tokens = settings.max_tokens or task.default_max_tokens
+        self.env_id: int | None = None
+        self.current_step = 0
+        self.batch_size = 0
+        self.max_token_len = settings.max_token_length
+        self._reserved = 0
+        self._stop = asyncio.Event()
+        self._registering = asyncio.Lock()
+        headers = (
+            {"Authorization": f"Bearer {connection.api_token}"} if connection.api_token else {}
+        )
+        limits = httpx.Limits(max_connections=settings.max_concurrency + 4)
+        self.api = httpx.AsyncClient(
+            base_url=connection.api_url, headers=headers, timeout=30.0, limits=limits
+        )
+        self.inference = httpx.AsyncClient(
+            base_url=connection.inference_url, timeout=600.0, limits=limits
+        )
+
+    # ---- lifecycle -------------------------------------------------------------------
+
+    def stop(self) -> None:
+        """Ask the runner to finish the groups in flight and return."""
+        self._stop.set()
+
+    async def run(self) -> EnvStats:
+        """Register, then produce groups until stopped or ``max_groups`` are sent."""
+        try:
+            await self.register()
+            await self._read_info()
+            tasks = [
+                asyncio.create_task(self._worker()) for _ in range(self.settings.max_concurrency)
+            ]
+            background = [asyncio.create_task(self._report_loop())]
+            if self.settings.eval_every > 0:
+                background.append(asyncio.create_task(self._eval_loop()))
+            await asyncio.gather(*tasks)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            self._report()
+            await self._disconnect()
+        finally:
+            await self.api.aclose()
+            await self.inference.aclose()
+            self.reporter.close()
+        return self.stats
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep that ends early when the runner is asked to stop."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stop.wait(), seconds)
+
+    # ---- rollout API -----------------------------------------------------------------
+
+    async def register(self) -> dict[str, Any]:
+        """``POST /register-env``, retried while the trainer has not started or the API is down."""
+        body = {
+            "max_token_length": self.settings.max_token_length,
+            "desired_name": self.settings.registered_name,
+            "weight": self.settings.weight,
+            "group_size": self.settings.group_size,
+            "min_batch_allocation": self.settings.min_batch_allocation,
+        }
+        backoff = Backoff(cap=2.0)
+        said_waiting = False
+        while True:
+            try:
+                response = await self.api.post("/register-env", json=body)
+            except httpx.TransportError as exc:
+                log.warning("API unreachable at %s (%r); retrying", self.connection.api_url, exc)
+                await self._sleep(backoff.next())
+                continue
+            if response.status_code >= 500:
+                await self._sleep(backoff.next())
+                continue
+            if response.status_code >= 400:
+                raise FatalEnvError(
+                    f"the API refused /register-env ({response.status_code}): {response.text}"
+                )
+            answer = response.json()
+            if answer.get("status") == "success":
+                self.env_id = int(answer["env_id"])
+                print(READY_LINE, flush=True)
+                log.info("registered as env_id=%s (%s)", self.env_id, answer)
+                return answer
+            if not said_waiting:
+                log.info("API says %r; retrying until the trainer starts", answer.get("status"))
+                said_waiting = True
+            await self._sleep(backoff.next())
+
+    async def _reregister(self, reason: str) -> None:
+        """Register again (the API forgot us, e.g. after a reset); one worker does it."""
+        stale = self.env_id
+        async with self._registering:
+            if self.env_id == stale:
+                log.warning("registering again: %s", reason)
+                await self.register()
+
+    async def _read_info(self) -> None:
+        backoff = Backoff()
+        while True:
+            try:
+                response = await self.api.get("/info")
+                response.raise_for_status()
+                info = response.json()
+                break
+            except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+                log.warning("GET /info failed (%r); retrying", exc)
+                await self._sleep(backoff.next())
+        self.batch_size = int(info.get("batch_size", -1))
+        max_len = int(info.get("max_token_len", -1))
+        if max_len > 0:
+            self.max_token_len = max_len
+
+    async def _status(self) -> dict[str, Any] | None:
+        """``GET /status-env`` (JSON body on a GET, as Atropos does); None on failure."""
+        try:
+            response = await self.api.request("GET", "/status-env", json={"env_id": self.env_id})
+        except httpx.TransportError as exc:
+            log.debug("status-env unreachable: %r", exc)
+            return None
+        if response.status_code in (400, 404, 422) and "env" in response.text:
+            await self._reregister(f"/status-env answered {response.status_code}")
+            return None
+        if response.status_code != 200:
+            return None
+        status = response.json()
+        self.current_step = int(status.get("current_step", self.current_step))
+        return status
+
+    def _queue_full(self, status: dict[str, Any]) -> bool:
+        """Whether the API asks us to pause (queue at its off-policy bound)."""
+        if "paused" in status:
+            return bool(status["paused"])
+        return False
+
+    async def _wait_for_room(self) -> int | None:
+        """Poll ``/status-env`` until the queue has room; returns the current step (None: stop)."""
+        backoff = Backoff(first=self.status_poll, cap=5.0)
+        while not self._stop.is_set():
+            status = await self._status()
+            if status is not None and not self._queue_full(status):
+                return self.current_step
+            await self._sleep(self.status_poll if status is not None else backoff.next())
+        return None
+
+    async def _post(self, group: Group) -> None:
+        """``POST /scored_data``, at most once (see the module docstring)."""
+        backoff = Backoff()
+        while True:
+            try:
+                response = await self.api.post("/scored_data", json=group.payload(self.env_id))
+            except NOT_DELIVERED as exc:
+                if self._stop.is_set():
+                    self.stats.error("api_unreachable", f"group not sent at shutdown: {exc!r}")
+                    return
+                log.warning("API unreachable (%r); retrying the group", exc)
+                await self._sleep(backoff.next())
+                continue
+            except httpx.TransportError as exc:
+                self.stats.count("groups_unconfirmed")
+                self.stats.error("api_connection_lost", f"group may or may not be queued: {exc!r}")
+                return
+            if response.status_code == 200:
+                self.stats.sent(group.scores)
+                return
+            if response.status_code == 503:
+                await self._sleep(backoff.next())
+                continue
+            if response.status_code in (400, 404, 422) and "env_id" in response.text:
+                await self._reregister(f"/scored_data answered {response.status_code}")
+                continue
+            self.stats.error(
+                "api_rejected",
+                f"/scored_data answered {response.status_code}: {response.text[:300]}",
+            )
+            return
+
+    async def _disconnect(self) -> None:
+        if self.env_id is None:
+            return
+        try:
+            await self.api.post("/disconnect-env", json={"env_id": self.env_id})
+        except httpx.TransportError:
+            log.info("API unreachable at shutdown; not disconnected")
+
+    # ---- producing groups ------------------------------------------------------------
+
+    def encode(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: chat template for ``messages``, plain text otherwise."""
+        if prompt.messages:
+            text = self.tokenizer.apply_chat_template(
+                list(prompt.messages), add_generation_prompt=True, tokenize=False
+            )
+        else:
+            text = prompt.text
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _sampling(self, n: int) -> SamplingRequest:
+        return SamplingRequest(
+            model=self.settings.model_name,
+            n=n,
+            max_tokens=self.max_tokens,
+            temperature=self.settings.temperature,
+            top_p=self.settings.top_p,
+        )
+
+    def _score(self, prompt: Prompt, samples: list[Sample]) -> list[float] | None:
+        """Score every sample; None (error counted) when the scorer raises or returns junk."""
+        truncated_score = self.task.truncated_score
+        scores = []
+        for sample in samples:
+            if sample.truncated and truncated_score is not None:
+                scores.append(truncated_score)
+                continue
+            text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+            try:
+                score = float(self.task.score(prompt, text))
+            except Exception as exc:  # a user's scorer may raise anything; keep going
+                self.stats.error("scorer_raised", f"{type(exc).__name__}: {exc}")
+                return None
+            if not math.isfinite(score):
+                self.stats.error("scorer_non_finite", f"score {score!r} for {text[:80]!r}")
+                return None
+            scores.append(score)
+        return scores
+
+    def _reserve(self) -> bool:
+        """Claim one of the ``max_groups`` slots (always true when unlimited)."""
+        limit = self.settings.max_groups
+        if limit and self._reserved >= limit:
+            self._stop.set()
+            return False
+        self._reserved += 1
+        return True
+
+    async def _worker(self) -> None:
+        inference_backoff = Backoff()
+        while not self._stop.is_set():
+            version = await self._wait_for_room()
+            if version is None:
+                return
+            prompt = self.task.sample(self.rng)
+            prompt_ids = self.encode(prompt)
+            try:
+                samples = await complete(
+                    self.inference, prompt_ids, self._sampling(self.settings.group_size)
+                )
+            except InferenceUnavailable as exc:
+                if exc.status is not None:
+                    self.stats.error("inference_error", str(exc))
+                delay = inference_backoff.next()
+                log.warning("%s; retrying in %.1f s", exc, delay)
+                await self._sleep(delay)
+                continue
+            except BadCompletion as exc:
+                self.stats.error("bad_completion", str(exc))
+                continue
+            inference_backoff.reset()
+            scores = self._score(prompt, samples)
+            if scores is None:
+                continue
+            group = build_group(
+                prompt_ids,
+                samples,
+                scores,
+                temperature=self.settings.temperature,
+                policy_version=version,
+            )
+            if group.longest > self.max_token_len:
+                self.stats.count("groups_dropped_too_long")
+                log.info("dropped a group: %d tokens > max_token_len %d", group.longest,
+                         self.max_token_len)  # fmt: skip
+                continue
+            if group.equal_scores:
+                self.stats.count("groups_dropped_equal_scores")
+                continue
+            if not self._reserve():
+                return
+            await self._post(group)
+
+    # ---- reporting and evaluation ----------------------------------------------------
+
+    def _report(self) -> None:
+        self.reporter.metrics(self.current_step, self.stats.snapshot())
+
+    async def _report_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.report_every)
+            self._report()
+
+    async def _eval_loop(self) -> None:
+        every = self.settings.eval_every
+        due = 0
+        while True:
+            if self.current_step >= due:
+                step = self.current_step
+                await self.evaluate(step)
+                due = (step // every + 1) * every
+            await asyncio.sleep(self.status_poll)
+
+    async def evaluate(self, step: int) -> dict[str, float]:
+        """pass@k and mean@k over the held-out prompts; reported as ``eval/*`` metrics.
+
+        pass@k: fraction of prompts with at least one of k samples correct; mean@k: the
+        mean fraction of correct samples per prompt (``Task.is_correct`` decides).
+        """
+        k = self.settings.eval_k
+        prompts = self.task.eval_prompts(self.settings.eval_size)
+        limit = asyncio.Semaphore(self.settings.max_concurrency)
+
+        async def one(prompt: Prompt) -> list[bool] | None:
+            async with limit:
+                try:
+                    samples = await complete(self.inference, self.encode(prompt), self._sampling(k))
+                except (InferenceUnavailable, BadCompletion) as exc:
+                    self.stats.error("eval_inference", str(exc))
+                    return None
+            scores = self._score(prompt, samples)
+            return None if scores is None else [self.task.is_correct(s) for s in scores]
+
+        results = [r for r in await asyncio.gather(*(one(p) for p in prompts)) if r is not None]
+        if not results:
+            log.warning("evaluation at step %d produced no results", step)
+            return {}
+        data = {
+            f"eval/pass@{k}": sum(any(r) for r in results) / len(results),
+            f"eval/mean@{k}": sum(sum(r) / len(r) for r in results) / len(results),
+        }
+        self.reporter.metrics(step, data)
+        return data

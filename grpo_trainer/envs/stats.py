@@ -1,0 +1,74 @@
+"""What an environment counts, and where the counts go (log line + control socket).
+
+Counters are cumulative for the process's life; ``env/reward_mean`` is the mean score of
+the groups sent since the previous report. Metric names follow docs/control-socket.md.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from dataclasses import dataclass, field
+
+from grpo_trainer.control import SupervisorLink
+
+log = logging.getLogger("grpo_trainer.envs")
+
+COUNTERS = (
+    "groups_sent",
+    "groups_dropped_equal_scores",
+    "groups_dropped_too_long",
+    "groups_unconfirmed",
+    "errors",
+)
+
+
+@dataclass
+class EnvStats:
+    """Running counts of one environment process, plus error reasons for the log."""
+
+    counts: Counter[str] = field(default_factory=Counter)
+    error_kinds: Counter[str] = field(default_factory=Counter)
+    _scores: list[float] = field(default_factory=list)
+
+    def sent(self, scores: list[float]) -> None:
+        """A group was acknowledged by the API."""
+        self.counts["groups_sent"] += 1
+        self._scores.extend(scores)
+
+    def count(self, name: str) -> None:
+        """Count one event of ``name`` (one of ``COUNTERS``)."""
+        self.counts[name] += 1
+
+    def error(self, kind: str, reason: str) -> None:
+        """Count an error and log its reason; the environment keeps going."""
+        self.counts["errors"] += 1
+        self.error_kinds[kind] += 1
+        log.warning("%s: %s", kind, reason)
+
+    def snapshot(self) -> dict[str, float]:
+        """Metrics for one report; resets the reward window."""
+        data = {f"env/{name}": float(self.counts[name]) for name in COUNTERS}
+        if self._scores:
+            data["env/reward_mean"] = sum(self._scores) / len(self._scores)
+            self._scores = []
+        return data
+
+
+class Reporter:
+    """Sends metrics to the supervisor (when one runs us) and writes them to the log."""
+
+    def __init__(self, link: SupervisorLink | None) -> None:
+        self.link = link
+
+    def metrics(self, step: int | None, data: dict[str, float]) -> None:
+        """Report one metrics record for trainer step ``step``."""
+        text = " ".join(f"{k}={v:.4g}" for k, v in sorted(data.items()))
+        log.info("metrics step=%s %s", step, text)
+        if self.link is not None:
+            self.link.send_metrics(step, data)
+
+    def close(self) -> None:
+        """Flush what is queued to the supervisor."""
+        if self.link is not None:
+            self.link.close()
