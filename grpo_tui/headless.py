@@ -1,0 +1,292 @@
+"""Headless runs: the same supervisor as the dashboard, reported on a console or as JSON lines.
+
+``grpo-tui run`` creates the run directory, writes the resolved profile into it, supervises
+until the ``exit_with`` process ends (or SIGINT/SIGTERM asks for an ordered shutdown) and
+prints a summary. The console shows state transitions, probe failures, restarts, control
+requests, notices and a metrics line every few seconds; ``--json`` prints every event as
+one JSON object per line on stdout instead (human messages then go to stderr).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import sys
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any, TextIO
+
+import tomli_w
+from rich.console import Console
+from rich.markup import escape
+
+from grpo_tui.roles import Plan
+from grpo_tui.supervisor.events import (
+    Event,
+    LogBatch,
+    MetricsRecord,
+    Notice,
+    ProbeResult,
+    RequestReceived,
+    Restarting,
+    State,
+    StateChanged,
+)
+from grpo_tui.supervisor.supervisor import Supervisor
+
+METRICS_EVERY = 5.0
+"""Seconds between metrics lines on the console."""
+
+LOG_TAIL_LINES = 15
+"""Lines of a failed process's log shown in the summary."""
+
+METRICS_SHOWN = (
+    ("loss", "loss", "{:.4f}"),
+    ("reward/mean", "reward", "{:.3f}"),
+    ("mean_ratio", "mean_ratio", "{:.3f}"),
+    ("clipped_fraction", "clipped", "{:.2f}"),
+    ("off_policy_lag", "lag", "{:.0f}"),
+    ("tokens_per_s", "tok/s", "{:.0f}"),
+)
+
+STATE_STYLES = {
+    State.READY: "green",
+    State.RUNNING: "green",
+    State.COMPLETED: "bold green",
+    State.STARTING: "cyan",
+    State.PENDING: "dim",
+    State.STOPPING: "yellow",
+    State.STOPPED: "yellow",
+    State.BACKOFF: "magenta",
+    State.UNHEALTHY: "bold red",
+    State.FAILED: "bold red",
+}
+
+LEVEL_STYLES = {"info": "blue", "warning": "yellow", "error": "bold red"}
+
+
+def write_run_dir(plan: Plan) -> Path:
+    """Create the run directory and write the resolved profile (``profile.toml``) into it."""
+    run_dir = plan.run_dir
+    run_dir.mkdir(parents=True, exist_ok=False)
+    header = (
+        f"# Resolved from {plan.profile.path} by `grpo-tui run` on "
+        f"{time.strftime('%Y-%m-%d %H:%M:%S')} (mode {plan.roles.mode}).\n"
+    )
+    (run_dir / "profile.toml").write_text(header + tomli_w.dumps(plan.profile.resolved()))
+    return run_dir
+
+
+class ConsoleReport:
+    """Renders events for a person: one line per thing worth seeing, metrics every few s."""
+
+    def __init__(self, console: Console, *, echo_logs: bool) -> None:
+        self.console = console
+        self.echo_logs = echo_logs
+        self.metrics: dict[str, float] = {}
+        self.step: int | None = None
+        self._printed_step: int | None = None
+        self._probe_failing: dict[tuple[str, str], str] = {}
+
+    def _line(self, text: str) -> None:
+        stamp = time.strftime("%H:%M:%S")
+        self.console.print(f"[dim]{stamp}[/] {text}", soft_wrap=True, highlight=False)
+
+    def handle(self, event: Event) -> None:
+        """Print what a person needs to know about ``event``."""
+        match event:
+            case StateChanged():
+                self._state(event)
+            case ProbeResult():
+                self._probe(event)
+            case Restarting():
+                self._line(
+                    f"[magenta]{event.process}[/] restarting in {event.delay:.1f}s "
+                    f"(attempt {event.attempt}): {escape(event.reason)}"
+                )
+            case RequestReceived():
+                target = f" {event.target}" if event.target else ""
+                self._line(
+                    f"{event.process} asks: {event.action}{target} "
+                    f"{escape(json.dumps(event.args, default=str))}"
+                )
+            case Notice():
+                style = LEVEL_STYLES.get(event.level, "")
+                self._line(f"[{style}]{event.level}[/] {escape(event.message)}")
+            case MetricsRecord():
+                self.metrics.update(event.data)
+                if event.step is not None:
+                    self.step = event.step
+            case LogBatch():
+                self._logs(event)
+
+    def _state(self, event: StateChanged) -> None:
+        style = STATE_STYLES.get(event.new, "")
+        details = []
+        if event.pid is not None and event.new in (State.STARTING, State.RUNNING):
+            details.append(f"pid {event.pid}")
+        if event.exit_code is not None:
+            details.append(f"exit {event.exit_code}")
+        if event.reason:
+            details.append(event.reason)
+        suffix = f" ({escape(', '.join(details))})" if details else ""
+        self._line(f"[bold]{event.process}[/] {event.old} -> [{style}]{event.new}[/]{suffix}")
+        if event.new in (State.READY, State.STARTING):
+            self._probe_failing = {
+                k: v for k, v in self._probe_failing.items() if k[0] != event.process
+            }
+
+    def _probe(self, event: ProbeResult) -> None:
+        key = (event.process, event.probe)
+        if event.ok:
+            if self._probe_failing.pop(key, None) is not None and event.probe == "liveness":
+                self._line(f"{event.process} liveness probe ok again")
+            return
+        if self._probe_failing.get(key) == event.message:
+            return
+        self._probe_failing[key] = event.message
+        style = "bold red" if event.probe == "liveness" else "yellow"
+        self._line(
+            f"{event.process} [{style}]{event.probe} probe failing[/]: {escape(event.message)}"
+        )
+
+    def _logs(self, event: LogBatch) -> None:
+        if event.dropped:
+            self._line(f"[yellow]{event.process}: {event.dropped} log lines not shown[/]")
+        if self.echo_logs:
+            for line in event.lines:
+                self.console.print(
+                    f"[dim]{event.process} |[/] {escape(line)}", soft_wrap=True, highlight=False
+                )
+
+    def metrics_line(self) -> None:
+        """Print the latest training metrics if a new step arrived since the last line."""
+        if self.step is None or self.step == self._printed_step:
+            return
+        self._printed_step = self.step
+        total = self.metrics.get("training_steps")
+        parts = [f"step {self.step}" + (f"/{total:.0f}" if total else "")]
+        for name, label, fmt in METRICS_SHOWN:
+            if name in self.metrics:
+                parts.append(f"{label} {fmt.format(self.metrics[name])}")
+        self._line("[bold blue]metrics[/] " + "  ".join(parts))
+
+
+class JsonLines:
+    """Every event as one JSON object per line, for machines (CI, jq, log shippers)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def handle(self, event: Event) -> None:
+        self.write(event.to_json())
+
+    def write(self, record: dict[str, Any]) -> None:
+        self.stream.write(json.dumps(record, default=str) + "\n")
+        self.stream.flush()
+
+
+def _log_tail(run_dir: Path, process: str, lines: int = LOG_TAIL_LINES) -> list[str]:
+    path = run_dir / "logs" / f"{process}.log"
+    if not path.is_file():
+        return []
+    with path.open("rb") as handle:
+        handle.seek(0, 2)
+        handle.seek(max(0, handle.tell() - 64 * 1024))
+        tail = deque(handle.read().decode("utf-8", "replace").splitlines(), maxlen=lines)
+    return list(tail)
+
+
+class HeadlessRun:
+    """One supervised run without a UI; ``run()`` returns the process exit status."""
+
+    def __init__(self, plan: Plan, *, json_lines: bool = False, echo_logs: bool = False) -> None:
+        self.plan = plan
+        self.json = JsonLines(sys.stdout) if json_lines else None
+        self.console = Console(stderr=json_lines, highlight=False)
+        self.report = ConsoleReport(self.console, echo_logs=echo_logs)
+        self.signalled: signal.Signals | None = None
+
+    async def run(self) -> int:
+        run_dir = self.plan.run_dir
+        supervisor = Supervisor(
+            self.plan.specs, run_dir, exit_with=self.plan.exit_with, respec=self.plan.respec
+        )
+        self.console.print(
+            f"[bold]grpo-tui run[/] {escape(str(self.plan.profile.path))} -> "
+            f"{escape(str(run_dir))} (mode {self.plan.roles.mode}, "
+            f"exit_with {self.plan.exit_with or '-'})",
+            highlight=False,
+        )
+        subscription = supervisor.subscribe()
+        consumer = asyncio.create_task(self._consume(subscription))
+        ticker = asyncio.create_task(self._metrics_ticker())
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, self._on_signal, supervisor, sig)
+        try:
+            outcome = await supervisor.run()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            ticker.cancel()
+            subscription.close()
+            await consumer
+        self.report.metrics_line()
+        self._summary(supervisor, outcome.exit_code, outcome.reason)
+        return outcome.exit_code
+
+    def _on_signal(self, supervisor: Supervisor, sig: signal.Signals) -> None:
+        if self.signalled is not None:
+            self.console.print(f"{sig.name} again: already shutting down (timeouts apply)")
+            return
+        self.signalled = sig
+        self.console.print(f"[yellow]{sig.name}[/]: ordered shutdown (reverse dependency order)")
+        asyncio.get_running_loop().create_task(supervisor.shutdown(f"received {sig.name}"))
+
+    async def _consume(self, subscription: Any) -> None:
+        sink: JsonLines | ConsoleReport = self.json or self.report
+        async for event in subscription:
+            sink.handle(event)
+
+    async def _metrics_ticker(self) -> None:
+        while True:
+            await asyncio.sleep(METRICS_EVERY)
+            if self.json is None:
+                self.report.metrics_line()
+
+    def _summary(self, supervisor: Supervisor, exit_code: int, reason: str) -> None:
+        run_dir = self.plan.run_dir
+        if self.json is not None:
+            self.json.write(
+                {
+                    "type": "RunFinished",
+                    "t": time.time(),
+                    "exit_code": exit_code,
+                    "reason": reason,
+                    "run_dir": str(run_dir),
+                }
+            )
+        ok = exit_code == 0
+        style = "bold green" if ok else "bold red"
+        self.console.print(
+            f"[{style}]run {'finished' if ok else 'failed'}[/]: {escape(reason)} (exit {exit_code})"
+        )
+        for name, status in supervisor.status().items():
+            extra = f", exit {status.exit_code}" if status.exit_code is not None else ""
+            restarts = f", {status.restarts} restarts" if status.restarts else ""
+            why = f" - {escape(status.last_reason)}" if status.last_reason else ""
+            style = STATE_STYLES.get(status.state, "")
+            self.console.print(f"  {name:<12} [{style}]{status.state}[/]{extra}{restarts}{why}")
+            if status.state == State.FAILED:
+                for line in _log_tail(run_dir, name):
+                    self.console.print(f"    [dim]|[/] {escape(line)}", soft_wrap=True)
+        self.console.print(f"run dir: {escape(str(run_dir))}")
+
+
+def run_headless(plan: Plan, *, json_lines: bool = False, echo_logs: bool = False) -> int:
+    """Create the run directory and supervise the plan to the end; returns the exit status."""
+    write_run_dir(plan)
+    return asyncio.run(HeadlessRun(plan, json_lines=json_lines, echo_logs=echo_logs).run())

@@ -1,0 +1,74 @@
+"""Every shipped profile passes ``grpo-tui check``, in every mode, without torch or textual."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from grpo_tui.cli import app
+
+REPO = Path(__file__).resolve().parents[2]
+PROFILES = sorted((REPO / "profiles").glob("*.toml"))
+MODES = ("none", "shared_vllm", "lora_only", "lora_restart")
+
+
+def test_profiles_exist() -> None:
+    names = {p.name for p in PROFILES}
+    assert {
+        "quickstart.toml",
+        "gsm8k-qwen2.5-3b-shared.toml",
+        "gsm8k-qwen2.5-3b-lora.toml",
+    } <= names
+
+
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_check_passes_and_prints_the_plan(profile: Path) -> None:
+    result = CliRunner().invoke(app, ["check", str(profile)])
+    assert result.exit_code == 0, result.output
+    assert "start order: " in result.output
+    assert "api -> inference -> trainer -> env" in result.output
+    assert "readiness:  http GET http://127.0.0.1:9001/health" in result.output
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_quickstart_checks_in_every_mode(mode: str) -> None:
+    result = CliRunner().invoke(
+        app, ["check", str(REPO / "profiles/quickstart.toml"), "--mode", mode]
+    )
+    assert result.exit_code == 0, result.output
+    assert f"mode={mode}" in result.output
+
+
+def test_check_imports_neither_torch_nor_textual() -> None:
+    code = (
+        "import sys\n"
+        "from grpo_tui.cli import app\n"
+        "try:\n"
+        "    app(['check', 'profiles/quickstart.toml'])\n"
+        "except SystemExit as done:\n"
+        "    assert done.code in (0, None), done.code\n"
+        "roots = {m.split('.')[0] for m in sys.modules}\n"
+        "heavy = sorted(roots & {'torch', 'transformers', 'textual'})\n"
+        "print('HEAVY', heavy)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "HEAVY []" in proc.stdout, proc.stdout
+
+
+def test_default_command_without_profile_outside_the_repo_exits_2(tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "grpo_tui", "--mode", "none"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "profiles/quickstart.toml" in proc.stderr
