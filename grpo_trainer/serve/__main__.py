@@ -1,0 +1,106 @@
+"""``python -m grpo_trainer.serve MODEL ...``: start the built-in server (vLLM's flag names).
+
+Bad arguments (an unreadable model, a malformed ``--lora-modules``, shared weights that do
+not fit the model) exit with status 2 and the reason, before the port is bound.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+import torch
+import uvicorn
+from transformers import AutoConfig
+from transformers.utils import logging as hf_logging
+
+from grpo_trainer.models import DTYPES, load_model, load_tokenizer
+from grpo_trainer.serve.app import ServerState, create_app
+from grpo_trainer.serve.engine import Engine
+from grpo_trainer.serve.lora import AdapterError, AdapterSet
+from grpo_trainer.serve.shared import SharedWeightsError, attach_server
+
+
+def _lora_module(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return name, path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, with vLLM's flag names for the options both servers share."""
+    parser = argparse.ArgumentParser(prog="python -m grpo_trainer.serve")
+    parser.add_argument("model", help="model directory or hub id")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=9001)
+    parser.add_argument("--served-model-name", default=None, help="defaults to MODEL")
+    parser.add_argument("--tokenizer", default=None, help="defaults to MODEL")
+    parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-model-len", type=int, default=None)
+    parser.add_argument("--max-num-seqs", type=int, default=256, help="largest n per request")
+    parser.add_argument("--enable-lora", action="store_true")
+    parser.add_argument("--max-lora-rank", type=int, default=16)
+    parser.add_argument("--lora-modules", nargs="+", type=_lora_module, default=[])
+    parser.add_argument(
+        "--shared-weights",
+        type=Path,
+        default=None,
+        help="keep parameters in a memory-mapped file in DIR, shared with the trainer",
+    )
+    return parser
+
+
+def _dtype(model: str, requested: str) -> str:
+    if requested != "auto":
+        return requested
+    configured = str(getattr(AutoConfig.from_pretrained(model), "dtype", "float32"))
+    name = configured.removeprefix("torch.")
+    return name if name in DTYPES else "float32"
+
+
+def build_state(args: argparse.Namespace) -> ServerState:
+    """Load the model, attach shared weights and adapters; raise ValueError on bad input."""
+    model = load_model(args.model, dtype=_dtype(args.model, args.dtype), device=args.device)
+    tokenizer = load_tokenizer(args.tokenizer or args.model)
+    if args.shared_weights is not None and attach_server(model, args.shared_weights):
+        print(f"mapped existing shared weights from {args.shared_weights}", flush=True)
+    adapters = None
+    if args.enable_lora:
+        adapters = AdapterSet(model, base_path=args.model, max_rank=args.max_lora_rank)
+        for name, path in args.lora_modules:
+            adapters.load(name, path, inplace=False)
+    elif args.lora_modules:
+        raise ValueError("--lora-modules needs --enable-lora")
+    max_model_len = args.max_model_len or int(model.config.max_position_embeddings)
+    engine = Engine(model, tokenizer, max_model_len=max_model_len, adapters=adapters)
+    return ServerState(
+        engine,
+        served_model_name=args.served_model_name or args.model,
+        model_path=args.model,
+        max_num_seqs=args.max_num_seqs,
+        shared_weights=args.shared_weights,
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse arguments, load everything, then serve until SIGTERM / SIGINT."""
+    args = build_parser().parse_args(argv)
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    try:
+        state = build_state(args)
+    except (OSError, ValueError, AdapterError, SharedWeightsError) as error:
+        print(f"grpo_trainer.serve: error: {error}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="warning")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""LoRA adapters served by name on top of the base model (transformers' peft integration).
+
+Adapters are validated before they touch the model: the directory and its
+``adapter_config.json`` must exist, the rank must fit ``--max-lora-rank`` and the adapter
+must have been trained on the served base. A load that still fails leaves the server as
+it was.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from transformers import PreTrainedModel
+
+
+class AdapterError(ValueError):
+    """An adapter request that cannot be honoured; ``status`` is the HTTP code to answer."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def _same_base(adapter_base: str, served_base: str) -> bool:
+    if adapter_base == served_base:
+        return True
+    left, right = Path(adapter_base), Path(served_base)
+    return left.exists() and right.exists() and left.resolve() == right.resolve()
+
+
+class AdapterSet:
+    """The adapters loaded into one base model; callers hold the engine lock."""
+
+    def __init__(self, model: PreTrainedModel, *, base_path: str, max_rank: int) -> None:
+        self.model = model
+        self.base_path = base_path
+        self.max_rank = max_rank
+        self.paths: dict[str, str] = {}
+
+    def validate(self, path: str) -> None:
+        """Raise ``AdapterError`` unless ``path`` is a LoRA adapter for this base."""
+        config_file = Path(path) / "adapter_config.json"
+        if not config_file.is_file():
+            raise AdapterError(f"no LoRA adapter at {path!r} (adapter_config.json missing)")
+        try:
+            config = json.loads(config_file.read_text())
+        except json.JSONDecodeError as error:
+            raise AdapterError(f"unreadable adapter_config.json in {path!r}: {error}") from None
+        rank = int(config.get("r", 0))
+        if rank > self.max_rank:
+            raise AdapterError(f"adapter rank {rank} exceeds --max-lora-rank {self.max_rank}")
+        base = str(config.get("base_model_name_or_path") or "")
+        if not _same_base(base, self.base_path):
+            raise AdapterError(
+                f"adapter {path!r} was trained on base {base!r}, "
+                f"but this server serves {self.base_path!r}"
+            )
+
+    def load(self, name: str, path: str, *, inplace: bool) -> None:
+        """Load ``path`` under ``name``; with ``inplace`` an adapter of that name is replaced."""
+        if name in self.paths and not inplace:
+            raise AdapterError(f"the lora adapter {name!r} has already been loaded")
+        self.validate(path)
+        previous = self.paths.get(name)
+        if previous is not None:
+            self.model.delete_adapter(name)
+            del self.paths[name]
+        try:
+            self.model.load_adapter(path, adapter_name=name)
+        except Exception as error:
+            if name in self.model.peft_config:
+                self.model.delete_adapter(name)
+            if previous is not None:
+                self.model.load_adapter(previous, adapter_name=name)
+                self.paths[name] = previous
+            raise AdapterError(f"cannot load adapter {path!r}: {error}") from None
+        self.paths[name] = path
+
+    def unload(self, name: str) -> None:
+        """Remove the adapter ``name``."""
+        if name not in self.paths:
+            raise AdapterError(f"the lora adapter {name!r} cannot be found", status=404)
+        self.model.delete_adapter(name)
+        del self.paths[name]
+
+    def activate(self, name: str | None) -> None:
+        """Route the next forward passes through adapter ``name`` (None: the bare base)."""
+        if not self.paths:
+            return
+        if name is None:
+            self.model.disable_adapters()
+        else:
+            self.model.enable_adapters()
+            self.model.set_adapter(name)

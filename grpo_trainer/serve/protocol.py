@@ -1,0 +1,54 @@
+"""Request bodies of the OpenAI/vLLM-compatible endpoints, validated at the edge.
+
+Unknown fields are rejected (400 naming the field) rather than silently ignored: a
+sampling option this server does not implement must not change results unnoticed.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+MAX_LOGPROBS = 20
+
+
+class CompletionRequest(BaseModel):
+    """``POST /v1/completions``: the subset of vLLM's fields this server honours."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | list[int] | list[str] | list[list[int]]
+    n: int = Field(default=1, ge=1)
+    max_tokens: int | None = Field(default=16, ge=0)
+    temperature: float = Field(default=1.0, ge=0.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=-1, ge=-1)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    return_token_ids: bool | None = None
+    return_tokens_as_token_ids: bool | None = None
+    stream: bool = False
+    user: str | None = None
+
+
+class LoadLoraRequest(BaseModel):
+    """``POST /v1/load_lora_adapter``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+    load_inplace: bool = False
+
+
+class UnloadLoraRequest(BaseModel):
+    """``POST /v1/unload_lora_adapter``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    lora_name: str = Field(min_length=1)
+    lora_int_id: int | None = None
