@@ -233,7 +233,7 @@ def _message(detail: ErrorDetails, model: type[BaseModel] | None) -> str:
         return f"probe needs kind = one of {', '.join(PROBE_KINDS)}"
     message = str(detail["msg"])
     message = message.removeprefix("Value error, ")
-    if "input" in detail and kind not in ("model_type", "dict_type"):
+    if "input" in detail and not isinstance(detail["input"], dict | list):
         message += f" (got {detail['input']!r})"
     return message
 

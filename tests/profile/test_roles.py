@@ -1,0 +1,163 @@
+"""Role expansion: the quickstart's process plan, and respec for restarts and mode switches."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from grpo_tui.profile import load_profile
+from grpo_tui.roles import Plan, build_plan
+from grpo_tui.supervisor.spec import Condition, HttpProbe, LogLineProbe
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "profiles/quickstart.toml"
+
+
+def plan_for(path: Path, run_dir: Path, mode: str | None = None) -> Plan:
+    return build_plan(load_profile(path, mode=mode), run_dir)
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+def test_quickstart_expands_in_role_order(tmp_path: Path) -> None:
+    plan = plan_for(QUICKSTART, tmp_path)
+    specs = {s.name: s for s in plan.specs}
+    assert [s.name for s in plan.specs] == ["model", "api", "inference", "trainer", "env"]
+    assert plan.exit_with == "trainer"
+    model = str(tmp_path / "model")
+    assert specs["model"].command[-4:] == ["build", model, "--seed", "0"]
+    assert specs["model"].restart.policy == "no"
+    for name in ("inference", "trainer", "env"):
+        assert specs[name].depends_on["model"].condition == Condition.COMPLETED
+    assert specs["trainer"].depends_on["api"].condition == Condition.HEALTHY
+    assert specs["trainer"].depends_on["inference"].condition == Condition.HEALTHY
+    assert specs["env"].depends_on["trainer"].condition == Condition.HEALTHY
+    assert "model" not in specs["api"].depends_on
+
+
+def test_quickstart_probes_restarts_and_wiring(tmp_path: Path) -> None:
+    specs = {s.name: s for s in plan_for(QUICKSTART, tmp_path).specs}
+    api, inference, trainer, env = (specs[n] for n in ("api", "inference", "trainer", "env"))
+    assert isinstance(api.readiness, HttpProbe)
+    assert api.readiness.url == "http://127.0.0.1:8000/health"
+    assert flag(api.command, "--db") == str(tmp_path / "rollouts.db")
+    assert isinstance(inference.readiness, HttpProbe)
+    assert inference.port == 9001
+    assert inference.metrics_url == "http://127.0.0.1:9001/metrics"
+    assert inference.restart.policy == "on_failure"
+    assert isinstance(trainer.readiness, LogLineProbe)
+    assert trainer.readiness.pattern == "grpo-trainer ready"
+    assert trainer.restart.policy == "on_failure"
+    assert trainer.shutdown.timeout >= 120
+    assert flag(trainer.command, "--resume") == "auto"
+    assert flag(trainer.command, "--save-path") == str(tmp_path / "checkpoints")
+    assert flag(trainer.command, "--model-name") == str(tmp_path / "model")
+    assert flag(trainer.command, "--group-size") == "8"
+    assert isinstance(env.readiness, LogLineProbe)
+    assert env.readiness.pattern == "grpo-env registered"
+    assert flag(env.command, "--tokenizer") == str(tmp_path / "model")
+    assert flag(env.command, "--model-name") == "policy"
+    assert flag(env.command, "--api-url") == "http://127.0.0.1:8000"
+
+
+def test_mode_override_reaches_inference_and_trainer(tmp_path: Path) -> None:
+    specs = {s.name: s for s in plan_for(QUICKSTART, tmp_path, mode="lora_only").specs}
+    assert "--enable-lora" in specs["inference"].command
+    assert flag(specs["trainer"].command, "--weight-bridge-mode") == "lora_only"
+
+
+def test_builtin_shared_mode_gets_a_shared_weights_dir(tmp_path: Path) -> None:
+    specs = {s.name: s for s in plan_for(QUICKSTART, tmp_path, mode="shared_vllm").specs}
+    assert flag(specs["inference"].command, "--shared-weights") == str(tmp_path / "shared_weights")
+
+
+def test_hub_model_needs_no_build_step(tmp_path: Path) -> None:
+    plan = plan_for(REPO / "profiles/gsm8k-qwen2.5-3b-lora.toml", tmp_path)
+    specs = {s.name: s for s in plan.specs}
+    assert "model" not in specs
+    assert specs["inference"].command[:3] == ["vllm", "serve", "Qwen/Qwen2.5-3B-Instruct"]
+    assert specs["inference"].env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+
+
+def test_api_token_reaches_trainer_and_env(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(
+        textwrap.dedent(
+            """
+            [run]
+            model = "some/model"
+            [api]
+            host = "0.0.0.0"
+            token = "s3cret"
+            [inference]
+            [trainer]
+            batch_size = 8
+            [[env]]
+            """
+        )
+    )
+    specs = {s.name: s for s in plan_for(path, tmp_path / "run").specs}
+    assert flag(specs["trainer"].command, "--api-token") == "s3cret"
+    assert flag(specs["env"].command, "--api-token") == "s3cret"
+    assert flag(specs["api"].command, "--token") == "s3cret"
+
+
+def write_checkpoint(root: Path, name: str, **state: object) -> Path:
+    path = root / name
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps(state))
+    return path
+
+
+def test_restart_with_model_then_mode_switch_uses_checkpoints(tmp_path: Path) -> None:
+    plan = plan_for(QUICKSTART, tmp_path)
+    step_20 = write_checkpoint(tmp_path / "checkpoints", "step_20", kind="full")
+    spec = plan.respec("inference", {"model": str(step_20)})
+    assert spec.command[3] == str(step_20)
+
+    adapter = write_checkpoint(tmp_path / "checkpoints", "adapter_step_30", base=str(step_20))
+    inference = plan.respec("inference", {"mode": "lora_restart"})
+    trainer = plan.respec("trainer", {"mode": "lora_restart"})
+    assert inference.command[3] == str(step_20)
+    assert flag(inference.command, "--lora-modules") == f"policy={adapter}"
+    assert flag(trainer.command, "--weight-bridge-mode") == "lora_restart"
+    assert flag(trainer.command, "--resume") == "auto"
+
+    back = plan.respec("inference", {"mode": "none"})
+    assert back.command[3] == str(step_20)
+    assert "--lora-modules" not in back.command
+
+
+def test_restart_without_args_serves_the_newest_checkpoint(tmp_path: Path) -> None:
+    plan = plan_for(QUICKSTART, tmp_path)
+    assert plan.respec("inference", {}).command[3] == str(tmp_path / "model")
+    step_5 = write_checkpoint(tmp_path / "checkpoints", "step_5", kind="full")
+    assert plan.respec("inference", {}).command[3] == str(step_5)
+
+
+def test_respec_trainer_setting_is_kept_and_bad_ones_change_nothing(tmp_path: Path) -> None:
+    plan = plan_for(QUICKSTART, tmp_path)
+    assert flag(plan.respec("trainer", {"lr": 0.01}).command, "--lr") == "0.01"
+    with pytest.raises(ValueError, match="unknown trainer argument"):
+        plan.respec("trainer", {"lrr": 1})
+    with pytest.raises(ValidationError):
+        plan.respec("trainer", {"lr": -1})
+    with pytest.raises(ValueError, match="unknown trainer argument"):
+        plan.respec("trainer", {"save_path": "/elsewhere"})
+    assert flag(plan.respec("trainer", {}).command, "--lr") == "0.01"
+
+
+def test_respec_generic_process(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('[run]\nexit_with = "a"\n[process.a]\ncommand = ["python", "-c", "print(1)"]\n')
+    plan = plan_for(path, tmp_path / "run")
+    assert plan.respec("a", {}).command == ["python", "-c", "print(1)"]
+    assert plan.respec("a", {"env": {"X": "1"}}).env == {"X": "1"}
+    with pytest.raises(ValueError, match="no process named"):
+        plan.respec("ghost", {})
