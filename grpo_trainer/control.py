@@ -1,0 +1,228 @@
+"""Client of the supervisor's control socket (see docs/control-socket.md).
+
+A child reports metrics and events, and asks the supervisor to act (restart the inference
+server on a new checkpoint), over newline-delimited JSON on the Unix socket named by
+``GRPO_TUI_SOCKET``. Reporting never blocks training: records go through a bounded queue
+to a background thread, which drops records when the queue is full and reconnects when the
+socket comes back. Requests block their caller until the matching reply or a timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import queue
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+SOCKET_ENV = "GRPO_TUI_SOCKET"
+PROCESS_ENV = "GRPO_TUI_PROCESS"
+RUN_DIR_ENV = "GRPO_TUI_RUN_DIR"
+
+
+class ControlError(RuntimeError):
+    """A request was refused by the supervisor, or got no reply in time."""
+
+
+@dataclass
+class _Pending:
+    done: threading.Event = field(default_factory=threading.Event)
+    reply: dict[str, Any] | None = None
+
+
+class SupervisorLink:
+    """One connection to the supervisor, owned by a daemon thread."""
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        process: str = "unknown",
+        queue_size: int = 1000,
+        reconnect_max: float = 2.0,
+        send_timeout: float = 5.0,
+    ) -> None:
+        self.path = path
+        self.process = process
+        self.dropped = 0
+        self._queue: queue.Queue[dict[str, Any]] = queue.Queue(maxsize=queue_size)
+        self._pending: dict[str, _Pending] = {}
+        self._lock = threading.Lock()
+        self._ids = itertools.count(1)
+        self._reconnect_max = reconnect_max
+        self._send_timeout = send_timeout
+        self._closed = threading.Event()
+        self._connected = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="supervisor-link", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_env(cls) -> SupervisorLink | None:
+        """A link to ``$GRPO_TUI_SOCKET``, or None when no supervisor runs us."""
+        path = os.environ.get(SOCKET_ENV)
+        if not path:
+            return None
+        return cls(path, process=os.environ.get(PROCESS_ENV, "unknown"))
+
+    @property
+    def connected(self) -> bool:
+        """True while a connection to the supervisor is open."""
+        return self._connected.is_set()
+
+    def send_metrics(self, step: int | None, data: dict[str, float]) -> None:
+        """Queue one metrics record; dropped (counted) when the queue is full."""
+        self._offer({"type": "metrics", "step": step, "t": time.time(), "data": data})
+
+    def send_event(self, level: str, message: str) -> None:
+        """Queue an event for the supervisor's event log (``info``/``warning``/``error``)."""
+        self._offer({"type": "event", "t": time.time(), "level": level, "message": message})
+
+    def request(
+        self,
+        action: str,
+        process: str | None = None,
+        args: dict[str, Any] | None = None,
+        timeout: float = 300.0,
+    ) -> dict[str, Any]:
+        """Ask the supervisor to act and wait for its reply; returns the reply's ``result``.
+
+        Raises ``ControlError`` when the supervisor refuses (``ok`` false) or no reply
+        arrives within ``timeout`` seconds (including while the socket is down).
+        """
+        request_id = f"{os.getpid()}-{next(self._ids)}"
+        pending = _Pending()
+        with self._lock:
+            self._pending[request_id] = pending
+        record = {"type": "request", "id": request_id, "action": action, "args": args or {}}
+        if process is not None:
+            record["process"] = process
+        try:
+            self._queue.put(record, timeout=timeout)
+            if not pending.done.wait(timeout):
+                state = "connected" if self.connected else "not connected"
+                raise ControlError(
+                    f"no reply to {action!r} from the supervisor within {timeout:.0f} s "
+                    f"({state} to {self.path})"
+                )
+        finally:
+            with self._lock:
+                self._pending.pop(request_id, None)
+        reply = pending.reply or {}
+        if not reply.get("ok"):
+            raise ControlError(f"supervisor refused {action!r}: {reply.get('error')}")
+        return dict(reply.get("result") or {})
+
+    def flush(self, timeout: float = 5.0) -> bool:
+        """Wait until the queue is sent (or ``timeout``); True when it emptied."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self._queue.unfinished_tasks == 0:
+                return True
+            time.sleep(0.01)
+        return False
+
+    def close(self, timeout: float = 2.0) -> None:
+        """Send what is queued (up to ``timeout``) and stop the thread."""
+        if self.connected:
+            self.flush(timeout)
+        self._closed.set()
+        self._thread.join(timeout)
+
+    def _offer(self, record: dict[str, Any]) -> None:
+        try:
+            self._queue.put_nowait(record)
+        except queue.Full:
+            self.dropped += 1
+
+    def _run(self) -> None:
+        delay = 0.05
+        while not self._closed.is_set():
+            try:
+                conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                conn.settimeout(self._send_timeout)
+                conn.connect(self.path)
+            except OSError:
+                conn.close()
+                self._discard_while_down(delay)
+                delay = min(delay * 2, self._reconnect_max)
+                continue
+            delay = 0.05
+            self._connected.set()
+            try:
+                self._serve(conn)
+            except OSError:
+                pass
+            finally:
+                self._connected.clear()
+                conn.close()
+
+    def _discard_while_down(self, wait: float) -> None:
+        """While disconnected, keep metrics flowing out of the queue so it never fills
+        with stale records; requests stay queued for the next connection."""
+        keep = []
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                record = self._queue.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                break
+            if record["type"] == "request":
+                keep.append(record)
+            else:
+                self.dropped += 1
+                self._queue.task_done()
+        for record in keep:
+            self._queue.task_done()
+            self._offer(record)
+
+    def _serve(self, conn: socket.socket) -> None:
+        hello = {"type": "hello", "process": self.process, "pid": os.getpid()}
+        conn.sendall(_line(hello))
+        reader = threading.Thread(target=self._read_replies, args=(conn,), daemon=True)
+        reader.start()
+        while not self._closed.is_set() and reader.is_alive():
+            try:
+                record = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            try:
+                conn.sendall(_line(record))
+            finally:
+                self._queue.task_done()
+
+    def _read_replies(self, conn: socket.socket) -> None:
+        buffer = b""
+        while not self._closed.is_set():
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not chunk:
+                return
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for raw in lines:
+                self._deliver(raw)
+
+    def _deliver(self, raw: bytes) -> None:
+        try:
+            message = json.loads(raw)
+        except json.JSONDecodeError:
+            return
+        if not isinstance(message, dict) or message.get("type") != "reply":
+            return
+        with self._lock:
+            pending = self._pending.get(str(message.get("id")))
+        if pending is not None:
+            pending.reply = message
+            pending.done.set()
+
+
+def _line(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, separators=(",", ":")).encode() + b"\n"

@@ -1,0 +1,168 @@
+"""The trainer's client of the rollout API (Atropos wire protocol, leased batches).
+
+``GET /batch?lease=S`` hands out a batch that stays ours for ``S`` seconds; ``POST
+/batch/ack`` after the optimizer step consumes it. A crash before the ack puts the batch
+back in the queue when the lease expires, so no rollout is lost. Connection errors are
+retried with capped exponential backoff; after an outage the trainer registers again with
+its current step, because a restarted API has to learn where the run stands.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+class ApiUnreachable(RuntimeError):
+    """The API did not answer within the bounded wait at start."""
+
+
+@dataclass(frozen=True)
+class Registration:
+    """What ``POST /register`` announces (Atropos field names)."""
+
+    batch_size: int
+    max_token_len: int
+    checkpoint_dir: str
+    save_checkpoint_interval: int
+    num_steps: int
+    wandb_group: str = ""
+    wandb_project: str = ""
+
+
+@dataclass(frozen=True)
+class LeasedBatch:
+    """Groups of one optimizer step and the lease id to ack (None: plain delivery)."""
+
+    groups: list[dict[str, Any]]
+    batch_id: str | None
+
+
+class ApiClient:
+    """Register, take leased batches, ack them; survive API restarts."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        token: str | None = None,
+        lease_seconds: float = 600.0,
+        start_timeout: float = 60.0,
+        log: Callable[[str, str], None] = lambda level, message: None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.url = url
+        self.lease_seconds = lease_seconds
+        self.start_timeout = start_timeout
+        self.log = log
+        self.http = httpx.Client(base_url=url, headers=headers, timeout=30.0)
+        self.registration: Registration | None = None
+        self.step = 0
+        self._needs_register = True
+
+    def close(self) -> None:
+        """Close the HTTP connection pool."""
+        self.http.close()
+
+    def register(self, registration: Registration, step: int) -> None:
+        """``POST /register`` with ``starting_step`` = ``step``, waiting (bounded) for the API.
+
+        Raises ``ApiUnreachable`` when the API does not answer within ``start_timeout``.
+        """
+        self.registration = registration
+        self.step = step
+        deadline = time.monotonic() + self.start_timeout
+        delay = 0.1
+        while True:
+            try:
+                self._post_register()
+                return
+            except httpx.TransportError as exc:
+                if time.monotonic() >= deadline:
+                    raise ApiUnreachable(
+                        f"rollout API at {self.url} did not answer within "
+                        f"{self.start_timeout:.0f} s ({exc.__class__.__name__}: {exc}); "
+                        "is it running? (--atropos-url, --api-timeout)"
+                    ) from None
+            time.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    def _post_register(self) -> None:
+        if self.registration is None:
+            raise RuntimeError("register() first")
+        body = {**vars(self.registration), "starting_step": self.step}
+        response = self.http.post("/register", json=body)
+        response.raise_for_status()
+        self._needs_register = False
+
+    def next_batch(self, should_stop: Callable[[], bool], poll: float = 0.05) -> LeasedBatch | None:
+        """Block until the API hands out a batch; None when ``should_stop()`` turns true.
+
+        Empty queue: poll again (interval growing to 0.5 s). API down: retry with backoff up
+        to 5 s and register again with the current step once it is back.
+        """
+        delay = poll
+        outage_since: float | None = None
+        while not should_stop():
+            try:
+                if self._needs_register:
+                    self._post_register()
+                response = self.http.get("/batch", params={"lease": self.lease_seconds})
+            except httpx.TransportError as exc:
+                if outage_since is None:
+                    outage_since = time.monotonic()
+                    self.log("warning", f"rollout API unreachable ({exc}); retrying")
+                self._needs_register = True
+                time.sleep(delay)
+                delay = min(max(delay, 0.1) * 2, 5.0)
+                continue
+            if outage_since is not None:
+                gone = time.monotonic() - outage_since
+                self.log("info", f"rollout API back after {gone:.1f} s; registered at {self.step}")
+                outage_since = None
+            batch = self._parse_batch(response)
+            if batch is not None:
+                return batch
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.5)
+        return None
+
+    def _parse_batch(self, response: httpx.Response) -> LeasedBatch | None:
+        if response.status_code in (400, 409, 412):
+            self._needs_register = True
+            return None
+        response.raise_for_status()
+        payload = response.json()
+        if "batch" not in payload:
+            self._needs_register = True
+            return None
+        if payload["batch"] is None:
+            return None
+        return LeasedBatch(groups=list(payload["batch"]), batch_id=payload.get("batch_id"))
+
+    def ack(self, batch: LeasedBatch, step: int) -> None:
+        """``POST /batch/ack`` for a leased batch after its optimizer step; retried on outage."""
+        self.step = step
+        if batch.batch_id is None:
+            return
+        delay = 0.1
+        for _ in range(8):
+            try:
+                response = self.http.post("/batch/ack", json={"batch_id": batch.batch_id})
+            except httpx.TransportError:
+                self._needs_register = True
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if response.status_code >= 400:
+                self.log(
+                    "warning",
+                    f"ack of batch {batch.batch_id} refused ({response.status_code} "
+                    f"{response.text[:200]}): its lease expired, the API may serve it again",
+                )
+            return
+        self.log("warning", f"could not ack batch {batch.batch_id}: API unreachable")

@@ -1,0 +1,387 @@
+"""The GRPO optimisation loop: fetch a batch, accumulate gradients, step, sync, report, save.
+
+Per optimizer step::
+
+    batch = source.next_batch()                 # data_wait_time
+    for micro in batch: loss(micro).backward()  # grads sum to the full-batch loss
+    clip grad norm; set lr (warm-up, constant/cosine)
+    sync.before_optimizer_step(); optimizer.step(); sync.after_optimizer_step()
+    source.done(batch)                          # ack the leased batch
+    every sync_every steps: sync.sync(model, step)   (retried; bounded staleness)
+    report metrics; every checkpoint_interval steps: checkpoint + prune
+
+SIGTERM / SIGINT ask for a graceful stop: the current step finishes, a checkpoint is
+written, and ``run`` returns normally.
+"""
+
+from __future__ import annotations
+
+import resource
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from grpo_trainer.sync.base import WeightSync
+from grpo_trainer.train.checkpoint import (
+    load_trainer_state,
+    prune_checkpoints,
+    save_checkpoint,
+    set_rng_state,
+)
+from grpo_trainer.train.config import TrainerConfig
+from grpo_trainer.train.data import MicroBatch, StepBatch, build_step_batch, parse_groups
+from grpo_trainer.train.logprobs import chunked_token_logprobs
+from grpo_trainer.train.loss import LossOutput, LossSettings, policy_loss
+from grpo_trainer.train.optim import build_optimizer, lr_factor
+from grpo_trainer.train.reporter import Reporter
+from grpo_trainer.train.resume import ResumePoint
+from grpo_trainer.train.sources import BatchSource
+
+READY_LINE = "grpo-trainer ready"
+"""Printed once the data source is connected (the supervisor's log_line readiness probe)."""
+
+
+class SyncLagExceeded(RuntimeError):
+    """Weight sync kept failing and training would run on weights staler than allowed."""
+
+
+@dataclass
+class _Sums:
+    """Masked sums over one step's micro-batches, for the step's metrics."""
+
+    tokens: float = 0.0
+    loss: float = 0.0
+    ratio: float = 0.0
+    clipped: float = 0.0
+    train_logp: float = 0.0
+    inference_logp: float = 0.0
+    diff: float = 0.0
+    abs_diff: float = 0.0
+    max_diff: float = 0.0
+    entropy: float = 0.0
+    kl: float = 0.0
+    pos_logp: float = 0.0
+    pos_tokens: float = 0.0
+    neg_logp: float = 0.0
+    neg_tokens: float = 0.0
+    processed_tokens: int = 0
+
+
+def peak_memory_gb(device: str) -> float:
+    """Peak accelerator memory allocated (CUDA), else the process' peak RSS, in GB."""
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+
+
+class Trainer:
+    """One GRPO training run over a model, a data source and an optional weight sync."""
+
+    def __init__(
+        self,
+        config: TrainerConfig,
+        model: nn.Module,
+        tokenizer: PreTrainedTokenizerBase,
+        *,
+        base: str,
+        source: BatchSource,
+        reporter: Reporter,
+        strategy: WeightSync | None = None,
+        reference: nn.Module | None = None,
+        resume: ResumePoint | None = None,
+    ) -> None:
+        self.config = config
+        self.tokenizer = tokenizer
+        self.base = base
+        self.source = source
+        self.reporter = reporter
+        self.strategy = strategy
+        self.reference = reference
+        self.step = 0 if resume is None else resume.step
+        self.model = model if strategy is None else strategy.attach(model)
+        self.optimizer = build_optimizer(
+            self.model, config.optimizer, config.lr, config.weight_decay
+        )
+        if resume is not None and resume.exact:
+            state = load_trainer_state(resume.checkpoint)
+            self.optimizer.load_state_dict(state["optimizer"])
+            set_rng_state(state["rng"])
+        elif resume is not None:
+            reporter.event(
+                "info",
+                f"resuming at step {resume.step} from {resume.checkpoint} with fresh optimizer "
+                "state (the trained parameter set changed with the weight-sync mode)",
+            )
+        self.loss_settings = LossSettings(
+            loss_type=config.loss_type,
+            clip_low=config.clip_eps,
+            clip_high=config.clip_high,
+            beta=config.beta,
+            tis_cap=config.tis_cap,
+            entropy_coef=config.entropy_coef,
+        )
+        self.policy_version = self.step
+        self.last_synced_step = self.step
+        self.last_saved_step = self.step
+        self.stop_requested = False
+
+    def request_stop(self) -> None:
+        """Finish the current step, checkpoint, and return from ``run`` (SIGTERM handler)."""
+        self.stop_requested = True
+
+    def run(self, on_ready: Callable[[], None] | None = None) -> int:
+        """Train until ``training_steps`` or a stop request; returns the last step."""
+        self.source.start(self.step)
+        print(READY_LINE, flush=True)
+        if on_ready is not None:
+            on_ready()
+        try:
+            while self.step < self.config.training_steps and not self.stop_requested:
+                wait_start = time.perf_counter()
+                leased = self.source.next_batch(self.step, lambda: self.stop_requested)
+                if leased is None:
+                    break
+                data_wait = time.perf_counter() - wait_start
+                groups = parse_groups(leased.groups)
+                batch = build_step_batch(
+                    groups,
+                    micro_batch_size=self.config.batch_size,
+                    seq_len=self.config.seq_len,
+                    pad_id=self.tokenizer.pad_token_id,
+                )
+                metrics = self.train_step(batch)
+                self.source.done(leased, self.step)
+                metrics["data_wait_time"] = data_wait
+                metrics.update(self._maybe_sync())
+                self.reporter.metrics(self.step, metrics)
+                interval = self.config.checkpoint_interval
+                if interval and self.step % interval == 0:
+                    self.checkpoint()
+        finally:
+            if self.step > self.last_saved_step:
+                self.checkpoint()
+            self.source.close()
+            if self.strategy is not None:
+                self.strategy.close()
+        return self.step
+
+    def checkpoint(self) -> None:
+        """Save the current step and prune old checkpoints."""
+        save_checkpoint(
+            self.model,
+            self.tokenizer,
+            checkpoint_dir=self.config.checkpoint_dir,
+            step=self.step,
+            optimizer=self.optimizer,
+            scheduler={"step": self.step, "lr_schedule": self.config.lr_schedule},
+            config=self.config.model_dump(mode="json"),
+            base=self.base,
+        )
+        prune_checkpoints(self.config.checkpoint_dir, self.config.keep_checkpoints)
+        self.last_saved_step = self.step
+
+    def _lr(self) -> float:
+        factor = lr_factor(
+            self.step,
+            warmup_steps=self.config.warmup_steps,
+            total_steps=self.config.training_steps,
+            schedule=self.config.lr_schedule,
+            floor=self.config.min_lr_ratio,
+        )
+        return self.config.lr * factor
+
+    def _reference_logprobs(self, micro: MicroBatch) -> torch.Tensor | None:
+        if self.config.beta == 0:
+            return None
+        with torch.no_grad():
+            if self.reference is not None:
+                ref = self.reference
+                out = chunked_token_logprobs(
+                    ref,
+                    micro.input_ids,
+                    micro.attention_mask,
+                    micro.temperatures,
+                    chunk_size=self.config.logprob_chunk_size,
+                )
+                return out.logprobs
+            with self.model.disable_adapter():
+                out = chunked_token_logprobs(
+                    self.model,
+                    micro.input_ids,
+                    micro.attention_mask,
+                    micro.temperatures,
+                    chunk_size=self.config.logprob_chunk_size,
+                )
+            return out.logprobs
+
+    def train_step(self, batch: StepBatch) -> dict[str, float]:
+        """One optimizer step over all micro-batches of ``batch``; returns its metrics."""
+        config = self.config
+        started = time.perf_counter()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = _Sums()
+        for micro_cpu in batch.micro_batches:
+            micro = micro_cpu.to(config.device)
+            out = chunked_token_logprobs(
+                self.model,
+                micro.input_ids,
+                micro.attention_mask,
+                micro.temperatures,
+                chunk_size=config.logprob_chunk_size,
+                with_entropy=True,
+            )
+            result = policy_loss(
+                out.logprobs,
+                micro.inference_logprobs,
+                micro.advantages,
+                micro.loss_mask,
+                self.loss_settings,
+                step_sequences=batch.sequences,
+                step_tokens=batch.tokens,
+                max_len=config.seq_len,
+                ref_logp=self._reference_logprobs(micro),
+                entropy=out.entropy,
+            )
+            result.loss.backward()
+            self._accumulate(sums, micro, out.logprobs.detach(), out.entropy, result)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.grad_clip))
+        lr = self._lr()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if self.strategy is not None:
+            self.strategy.before_optimizer_step()
+        self.optimizer.step()
+        if self.strategy is not None:
+            self.strategy.after_optimizer_step()
+        lag_base = self.step
+        self.step += 1
+        step_time = time.perf_counter() - started
+        return self._metrics(sums, batch, lr, grad_norm, step_time, lag_base)
+
+    @staticmethod
+    def _accumulate(
+        sums: _Sums,
+        micro: MicroBatch,
+        logp: torch.Tensor,
+        entropy: torch.Tensor | None,
+        result: LossOutput,
+    ) -> None:
+        mask = micro.loss_mask
+        diff = (logp - micro.inference_logprobs) * mask
+        sums.tokens += float(mask.sum())
+        sums.loss += float(result.loss.detach())
+        sums.ratio += float((result.ratio * mask).sum())
+        sums.clipped += float((result.clipped * mask).sum())
+        sums.train_logp += float((logp * mask).sum())
+        sums.inference_logp += float((micro.inference_logprobs * mask).sum())
+        sums.diff += float(diff.sum())
+        sums.abs_diff += float(diff.abs().sum())
+        sums.max_diff = max(sums.max_diff, float(diff.abs().max()))
+        if entropy is not None:
+            sums.entropy += float((entropy.detach() * mask).sum())
+        if result.kl is not None:
+            sums.kl += float((result.kl * mask).sum())
+        pos = mask * (micro.advantages > 0)
+        neg = mask * (micro.advantages < 0)
+        sums.pos_logp += float((logp * pos).sum())
+        sums.pos_tokens += float(pos.sum())
+        sums.neg_logp += float((logp * neg).sum())
+        sums.neg_tokens += float(neg.sum())
+        sums.processed_tokens += int(micro.attention_mask.sum())
+
+    def _metrics(
+        self,
+        sums: _Sums,
+        batch: StepBatch,
+        lr: float,
+        grad_norm: float,
+        step_time: float,
+        lag_base: int,
+    ) -> dict[str, float]:
+        n = max(sums.tokens, 1.0)
+        scores = torch.tensor(batch.scores, dtype=torch.float64)
+        lengths = batch.completion_lengths
+        metrics = {
+            "loss": sums.loss,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "mean_ratio": sums.ratio / n,
+            "clipped_fraction": sums.clipped / n,
+            "pos_logp": sums.pos_logp / max(sums.pos_tokens, 1.0),
+            "neg_logp": sums.neg_logp / max(sums.neg_tokens, 1.0),
+            "reward/mean": float(scores.mean()),
+            "reward/std": float(scores.std(unbiased=False)),
+            "reward/zero_std_fraction": batch.zero_std_groups / max(batch.groups, 1),
+            "entropy": sums.entropy / n,
+            "logprobs/training_mean": sums.train_logp / n,
+            "logprobs/inference_mean": sums.inference_logp / n,
+            "alignment/diff_mean": sums.diff / n,
+            "alignment/diff_abs_mean": sums.abs_diff / n,
+            "alignment/diff_max": sums.max_diff,
+            "completion_len/mean": sum(lengths) / max(len(lengths), 1),
+            "completion_len/max": float(max(lengths, default=0)),
+            "tokens_per_s": sums.processed_tokens / max(step_time, 1e-9),
+            "step_time": step_time,
+            "peak_memory_gb": peak_memory_gb(self.config.device),
+            "training_steps": float(self.config.training_steps),
+        }
+        if self.config.beta > 0:
+            metrics["kl"] = sums.kl / n
+        if batch.policy_versions:
+            lags = [lag_base - v for v in batch.policy_versions]
+            metrics["off_policy_lag"] = sum(lags) / len(lags)
+        return metrics
+
+    def _maybe_sync(self) -> dict[str, float]:
+        """Sync every ``sync_every`` steps with retries; stop when staleness exceeds the cap."""
+        every = self.config.sync_every
+        if self.strategy is None or every == 0:
+            return {}
+        metrics: dict[str, float] = {}
+        if self.step % every == 0:
+            delay = 0.5
+            for attempt in range(self.config.sync_retries + 1):
+                try:
+                    result = self.strategy.sync(self.model, self.step)
+                except Exception as exc:  # a strategy may fail in many ways; all are retried
+                    self.reporter.event(
+                        "warning",
+                        f"weight sync at step {self.step} failed (attempt {attempt + 1}): {exc}",
+                    )
+                    if attempt < self.config.sync_retries:
+                        time.sleep(delay)
+                        delay = min(delay * 2, 10.0)
+                    continue
+                self.policy_version = result.policy_version
+                self.last_synced_step = self.step
+                metrics["sync_time"] = result.sync_time
+                break
+        stale = self.step - self.last_synced_step
+        if stale > self.config.max_sync_lag:
+            raise SyncLagExceeded(
+                f"inference still serves step {self.last_synced_step} weights after step "
+                f"{self.step}: {stale} steps on stale weights is more than --max-sync-lag "
+                f"{self.config.max_sync_lag}; stopping (a checkpoint of step {self.step} "
+                "is written, resume with --resume auto)"
+            )
+        metrics["policy_version"] = float(self.policy_version)
+        return metrics
+
+
+def install_signal_handlers(trainer: Trainer) -> None:
+    """SIGTERM and SIGINT finish the current step, checkpoint and exit 0."""
+    import signal
+
+    def handler(signum: int, frame: object) -> None:
+        print(f"signal {signum}: finishing the current step, then saving", file=sys.stderr)
+        trainer.request_stop()
+
+    signal.signal(signal.SIGTERM, handler)
+    signal.signal(signal.SIGINT, handler)
