@@ -123,6 +123,8 @@ class ConsoleReport:
                 self._logs(event)
 
     def _state(self, event: StateChanged) -> None:
+        if event.new == State.BACKOFF:
+            return  # the Restarting event says it, with the attempt and the delay
         style = STATE_STYLES.get(event.new, "")
         details = []
         if event.pid is not None and event.new in (State.STARTING, State.RUNNING):
@@ -205,7 +207,7 @@ class HeadlessRun:
     def __init__(self, plan: Plan, *, json_lines: bool = False, echo_logs: bool = False) -> None:
         self.plan = plan
         self.json = JsonLines(sys.stdout) if json_lines else None
-        self.console = Console(stderr=json_lines, highlight=False)
+        self.console = Console(stderr=json_lines, highlight=False, soft_wrap=True)
         self.report = ConsoleReport(self.console, echo_logs=echo_logs)
         self.signalled: signal.Signals | None = None
 
