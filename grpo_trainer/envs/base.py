@@ -45,6 +45,7 @@ log = logging.getLogger("grpo_trainer.envs")
 
 READY_LINE = "grpo-env registered"
 WAIT_STATUS = "wait for trainer to start"
+ATROPOS_MAX_BATCHES_OFFPOLICY = 3
 NOT_DELIVERED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.WriteError)
 
 
@@ -106,6 +107,7 @@ class EnvRunner:
         self.batch_size = 0
         self.max_token_len = settings.max_token_length
         self._reserved = 0
+        self._paused = False
         self._stop = asyncio.Event()
         self._registering = asyncio.Lock()
         headers = (
@@ -232,20 +234,40 @@ class EnvRunner:
         return status
 
     def _queue_full(self, status: dict[str, Any]) -> bool:
-        """Whether the API asks us to pause (queue at its off-policy bound)."""
-        if "paused" in status:
-            return bool(status["paused"])
-        return False
+        """Whether the queue is at its off-policy bound.
+
+        Our API says so (``pause``); with an Atropos API, compute it the Atropos way:
+        ``queue_size`` groups of our size against ``ATROPOS_MAX_BATCHES_OFFPOLICY`` batches.
+        """
+        if "pause" in status:
+            return bool(status["pause"])
+        if self.batch_size <= 0:
+            return False
+        queued = int(status.get("queue_size", 0)) * self.settings.group_size
+        return queued >= ATROPOS_MAX_BATCHES_OFFPOLICY * self.batch_size
 
     async def _wait_for_room(self) -> int | None:
         """Poll ``/status-env`` until the queue has room; returns the current step (None: stop)."""
         backoff = Backoff(first=self.status_poll, cap=5.0)
         while not self._stop.is_set():
             status = await self._status()
-            if status is not None and not self._queue_full(status):
-                return self.current_step
+            if status is not None:
+                full = self._queue_full(status)
+                self._note_pause(full, status)
+                if not full:
+                    return self.current_step
             await self._sleep(self.status_poll if status is not None else backoff.next())
         return None
+
+    def _note_pause(self, full: bool, status: dict[str, Any]) -> None:
+        """Log each change between producing and pausing for back-pressure."""
+        if full == self._paused:
+            return
+        self._paused = full
+        if full:
+            log.info("queue full (%s); pausing production", _queue_text(status))
+        else:
+            log.info("queue has room (%s); producing", _queue_text(status))
 
     async def _post(self, group: Group) -> None:
         """``POST /scored_data``, at most once (see the module docstring)."""
@@ -265,7 +287,7 @@ class EnvRunner:
                 self.stats.error("api_connection_lost", f"group may or may not be queued: {exc!r}")
                 return
             if response.status_code == 200:
-                self.stats.sent(group.scores)
+                self.stats.count("groups_sent")
                 return
             if response.status_code == 503:
                 await self._sleep(backoff.next())
@@ -363,6 +385,7 @@ class EnvRunner:
             scores = self._score(prompt, samples)
             if scores is None:
                 continue
+            self.stats.scored(scores)
             group = build_group(
                 prompt_ids,
                 samples,
@@ -432,3 +455,9 @@ class EnvRunner:
         }
         self.reporter.metrics(step, data)
         return data
+
+
+def _queue_text(status: dict[str, Any]) -> str:
+    if "queued_batches" in status:
+        return f"{status['queued_batches']:.2f} batches queued"
+    return f"{status.get('queue_size')} groups queued"

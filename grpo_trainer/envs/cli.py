@@ -101,6 +101,7 @@ def main(task: type[Task] | None = None, argv: list[str] | None = None) -> None:
     logging.basicConfig(
         stream=sys.stdout, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s"
     )
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     settings, connection, tokenizer_path = parse(sys.argv[1:] if argv is None else argv, task)
     try:
         task_cls = task or load_task(settings.task)

@@ -1,7 +1,8 @@
 """What an environment counts, and where the counts go (log line + control socket).
 
 Counters are cumulative for the process's life; ``env/reward_mean`` is the mean score of
-the groups sent since the previous report. Metric names follow docs/control-socket.md.
+every group scored since the previous report, dropped ones included (so it measures the
+policy, not the filter). Metric names follow docs/control-socket.md.
 """
 
 from __future__ import annotations
@@ -31,9 +32,8 @@ class EnvStats:
     error_kinds: Counter[str] = field(default_factory=Counter)
     _scores: list[float] = field(default_factory=list)
 
-    def sent(self, scores: list[float]) -> None:
-        """A group was acknowledged by the API."""
-        self.counts["groups_sent"] += 1
+    def scored(self, scores: list[float]) -> None:
+        """A group was scored (sent or dropped: the reward mean covers both)."""
         self._scores.extend(scores)
 
     def count(self, name: str) -> None:

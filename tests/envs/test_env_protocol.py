@@ -1,0 +1,127 @@
+"""The toy environment against the real rollout API and the real built-in inference server:
+groups arrive aligned (checked field by field, logprobs recomputed from the model), and
+back-pressure pauses production until the trainer takes a batch."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import torch
+from env_procs import (
+    Proc,
+    Trainer,
+    api_argv,
+    env_argv,
+    free_port,
+    last_env_metrics,
+    serve_argv,
+    wait_until,
+)
+
+from grpo_trainer.envs.task import Prompt
+from grpo_trainer.envs.toy import RepeatDigit
+from grpo_trainer.models import load_model, load_tokenizer
+
+TEMPERATURE = 0.7
+GROUP = 8
+
+
+@pytest.fixture(scope="module")
+def inference(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One built-in inference server for the module."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    proc = Proc("serve", serve_argv(tiny_model, port), log).start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        proc.wait_http(f"{url}/health")
+        yield url
+    finally:
+        proc.stop()
+
+
+def start_api(spawn: Callable[[str, list[str]], Proc], tmp_path: Path, *extra: str) -> str:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    spawn("api", api_argv(port, tmp_path / "rollouts.db", *extra)).wait_http(f"{url}/health")
+    return url
+
+
+def test_groups_arrive_aligned_field_by_field(spawn, tmp_path, tiny_model, inference) -> None:
+    api = start_api(spawn, tmp_path)
+    trainer = Trainer(api, batch_size=2 * GROUP)
+    trainer.register()
+    env = spawn(
+        "env",
+        env_argv("grpo_trainer.envs.toy", api, inference, tiny_model, "--group-size",
+                 str(GROUP), "--max-groups", "4", "--temperature", str(TEMPERATURE),
+                 "--max-concurrency", "2", "--seed", "3"),
+    )  # fmt: skip
+    assert env.wait(timeout=120) == 0, env.text()[-3000:]
+    assert "grpo-env registered" in env.text()
+    groups = trainer.take() + trainer.take()
+    assert len(groups) == 4
+    assert trainer.take() == []
+    assert last_env_metrics(env.text())["env/groups_sent"] == 4
+
+    tokenizer = load_tokenizer(tiny_model)
+    model = load_model(tiny_model).eval()
+    task = RepeatDigit()
+    for group in groups:
+        assert group["generation_params"] == {"temperature": TEMPERATURE}
+        assert group["policy_version"] == 0
+        assert isinstance(group["env_id"], int)
+        assert len(group["tokens"]) == len(group["masks"]) == GROUP
+        assert len(group["scores"]) == len(group["inference_logprobs"]) == GROUP
+        assert len(set(group["scores"])) > 1, "equal-score groups must not be sent"
+        prompt_text = tokenizer.decode(group["tokens"][0][:9])
+        assert prompt_text.startswith("repeat ") and prompt_text.endswith(":")
+        prompt_ids = tokenizer.encode(prompt_text, add_special_tokens=False)
+        plen = len(prompt_ids)
+        for tokens, masks, logprobs, score in zip(
+            group["tokens"], group["masks"], group["inference_logprobs"], group["scores"],
+            strict=True,
+        ):  # fmt: skip
+            assert tokens[:plen] == prompt_ids
+            assert 1 <= len(tokens) - plen <= task.default_max_tokens
+            assert len(masks) == len(logprobs) == len(tokens)
+            assert masks[:plen] == [-100] * plen
+            assert masks[plen:] == tokens[plen:]
+            assert logprobs[:plen] == [1.0] * plen
+            completion = tokens[plen:]
+            with torch.no_grad():
+                logits = model(torch.tensor([tokens])).logits[0, plen - 1 : -1] / TEMPERATURE
+            expected = torch.log_softmax(logits.float(), -1)[range(len(completion)), completion]
+            assert logprobs[plen:] == pytest.approx(expected.tolist(), abs=1e-4)
+            text = tokenizer.decode(completion, skip_special_tokens=True)
+            answer = prompt_text.removeprefix("repeat ").removesuffix(":")
+            assert score == task.score(Prompt(text=prompt_text, answer=answer), text)
+    trainer.close()
+
+
+def test_back_pressure_pauses_production(spawn, tmp_path, tiny_model, inference) -> None:
+    api = start_api(spawn, tmp_path, "--max-batches-offpolicy", "1")
+    trainer = Trainer(api, batch_size=2 * GROUP)
+    trainer.register()
+    env = spawn(
+        "env",
+        env_argv("grpo_trainer.envs.toy", api, inference, tiny_model, "--group-size",
+                 str(GROUP), "--max-concurrency", "2"),
+    )  # fmt: skip
+    env.wait_line(r"queue full \(1\.\d+ batches queued\); pausing")
+    bound = 2 * GROUP + 2 * GROUP  # one batch, plus the two groups that may be in flight
+    window_end = time.monotonic() + 2.0
+    while time.monotonic() < window_end:  # sample the queue over a window: it must not grow
+        assert trainer.status()["queue_sequences"] <= bound
+        time.sleep(0.1)
+    paused_at = trainer.status()["queue_sequences"]
+    taken = trainer.take()
+    assert len(taken) == 2
+    resumed = env.text().count("producing")
+    wait_until(lambda: env.text().count("producing") > resumed, 30, "production to resume")
+    wait_until(lambda: trainer.status()["queue_sequences"] >= 2 * GROUP, 60, "the queue to refill")
+    assert paused_at <= bound
+    trainer.close()
