@@ -1,0 +1,146 @@
+"""Readiness and liveness probes: http / tcp / exec checks on a schedule, log-line matches.
+
+Thresholds are enforced (unlike process-compose's ``success_threshold``): readiness needs
+``success_threshold`` consecutive passes, liveness gives up after ``failure_threshold``
+consecutive failures. A log-line probe is not polled: it passes the moment the line is
+printed. ``report`` is called with each result that differs from the previous one, so a
+probe failing every 100 ms while a server loads is one event, not hundreds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import re
+import signal
+from collections.abc import Callable
+
+import httpx
+
+from grpo_tui.supervisor.spec import ExecProbe, HttpProbe, LogLineProbe, Probe, TcpProbe
+
+Report = Callable[[bool, str], None]
+
+
+class LogMatcher:
+    """Watches output lines for a log-line probe's pattern (stops looking once matched)."""
+
+    def __init__(self, pattern: str) -> None:
+        self._regex = re.compile(pattern)
+        self.matched = asyncio.Event()
+        self.line = ""
+
+    def __call__(self, line: str) -> None:
+        if not self.matched.is_set() and self._regex.search(line):
+            self.line = line
+            self.matched.set()
+
+
+async def check(probe: Probe, client: httpx.AsyncClient) -> tuple[bool, str]:
+    """Run a polled probe once; (passed, short message)."""
+    try:
+        match probe:
+            case HttpProbe():
+                response = await client.get(probe.url, timeout=probe.timeout)
+                return 200 <= response.status_code < 400, f"HTTP {response.status_code}"
+            case TcpProbe():
+                return await _tcp(probe)
+            case ExecProbe():
+                return await _exec(probe)
+            case LogLineProbe():
+                raise TypeError("log-line probes are awaited, not polled")
+    except httpx.TimeoutException:
+        return False, f"timed out after {probe.timeout:g} s"
+    except httpx.HTTPError as exc:
+        return False, type(exc).__name__
+    raise AssertionError(f"unknown probe {probe!r}")
+
+
+async def _tcp(probe: TcpProbe) -> tuple[bool, str]:
+    try:
+        _, writer = await asyncio.wait_for(
+            asyncio.open_connection(probe.host, probe.port), probe.timeout
+        )
+    except TimeoutError:
+        return False, f"timed out after {probe.timeout:g} s"
+    except OSError as exc:
+        return False, exc.strerror or str(exc)
+    writer.close()
+    with contextlib.suppress(OSError):
+        await writer.wait_closed()
+    return True, f"connected to {probe.host}:{probe.port}"
+
+
+async def _exec(probe: ExecProbe) -> tuple[bool, str]:
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *probe.command,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=asyncio.subprocess.DEVNULL,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        return False, f"cannot run {probe.command[0]}: {exc.strerror or exc}"
+    try:
+        code = await asyncio.wait_for(proc.wait(), probe.timeout)
+    except TimeoutError:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
+        return False, f"timed out after {probe.timeout:g} s"
+    return code == 0, f"exit code {code}"
+
+
+class _Changes:
+    """Forwards a result to ``report`` only when it differs from the last one."""
+
+    def __init__(self, report: Report) -> None:
+        self._report = report
+        self._last: tuple[bool, str] | None = None
+
+    def __call__(self, ok: bool, message: str) -> None:
+        if (ok, message) != self._last:
+            self._last = (ok, message)
+            self._report(ok, message)
+
+
+async def wait_ready(
+    probe: Probe, client: httpx.AsyncClient, report: Report, matcher: LogMatcher | None
+) -> None:
+    """Return once the probe passed ``success_threshold`` times in a row."""
+    await asyncio.sleep(probe.initial_delay)
+    if isinstance(probe, LogLineProbe):
+        assert matcher is not None
+        await matcher.matched.wait()
+        report(True, f"matched: {matcher.line[:200]}")
+        return
+    changes = _Changes(report)
+    streak = 0
+    while True:
+        ok, message = await check(probe, client)
+        changes(ok, message)
+        streak = streak + 1 if ok else 0
+        if streak >= probe.success_threshold:
+            return
+        await asyncio.sleep(probe.period)
+
+
+async def watch_liveness(probe: Probe, client: httpx.AsyncClient, report: Report) -> str:
+    """Probe forever; return the last message once ``failure_threshold`` checks failed in a row.
+
+    A log-line liveness probe only asks that the line was seen once, so it never fails here.
+    """
+    if isinstance(probe, LogLineProbe):
+        await asyncio.Event().wait()
+    await asyncio.sleep(probe.initial_delay)
+    changes = _Changes(report)
+    misses = 0
+    while True:
+        ok, message = await check(probe, client)
+        changes(ok, message)
+        misses = 0 if ok else misses + 1
+        if misses >= probe.failure_threshold:
+            return message
+        await asyncio.sleep(probe.period)

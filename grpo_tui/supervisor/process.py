@@ -1,0 +1,211 @@
+"""One incarnation of a child: spawn it in its own session, pump its output, stop it for good.
+
+Stopping follows the order a careful person would: the shutdown signal to the process group
+(and to known descendants that left the group), wait up to the timeout, SIGKILL all of them,
+then *confirm*: scan for anything still in the group or still carrying the process's tag
+and kill it. A stop that returns has left nothing behind, or says what survived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import psutil
+
+from grpo_tui.supervisor.logs import OutputSink
+from grpo_tui.supervisor.spec import ProcessSpec
+from grpo_tui.supervisor.tree import (
+    alive,
+    descendants,
+    group_members,
+    signal_all,
+    signal_group,
+    tagged,
+)
+
+READ_CHUNK = 256 * 1024
+KILL_WAIT = 5.0
+POLL = 0.02
+
+
+class SpawnError(Exception):
+    """The child could not be started at all; ``reason`` is short and human."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+@dataclass
+class ChildProcess:
+    """A spawned child; ``announce`` tells the watchdog about groups and pids to guard."""
+
+    spec: ProcessSpec
+    run_id: str
+    sink: OutputSink
+    announce: Callable[[str], None]
+    proc: asyncio.subprocess.Process
+    started_at: float = field(default_factory=time.time)
+    known: dict[int, psutil.Process] = field(default_factory=dict)
+    _pump: asyncio.Task[None] | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid  # start_new_session: the child leads its own session and group
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.returncode
+
+    @classmethod
+    async def spawn(
+        cls,
+        spec: ProcessSpec,
+        *,
+        env: Mapping[str, str],
+        run_id: str,
+        sink: OutputSink,
+        announce: Callable[[str], None],
+    ) -> ChildProcess:
+        if spec.cwd is not None and not Path(spec.cwd).is_dir():
+            raise SpawnError(f"working directory not found: {spec.cwd}")
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                *spec.command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT,
+                cwd=spec.cwd,
+                env=dict(env),
+                start_new_session=True,
+            )
+        except FileNotFoundError:
+            raise SpawnError(f"command not found: {spec.command[0]}") from None
+        except PermissionError:
+            raise SpawnError(f"permission denied: {spec.command[0]}") from None
+        except OSError as exc:
+            raise SpawnError(f"cannot start {spec.command[0]}: {exc.strerror or exc}") from None
+        announce(f"pgid {proc.pid}")
+        child = cls(spec=spec, run_id=run_id, sink=sink, announce=announce, proc=proc)
+        child._pump = asyncio.create_task(child._pump_output(), name=f"output:{spec.name}")
+        return child
+
+    async def _pump_output(self) -> None:
+        stream = self.proc.stdout
+        assert stream is not None
+        while chunk := await stream.read(READ_CHUNK):
+            self.sink.feed(chunk)
+        self.sink.end_of_stream()
+
+    async def wait(self) -> int:
+        """Exit code of the leader, once everything it left behind is stopped too."""
+        code = await self.proc.wait()
+        if await self._scan():
+            await self.stop(self.spec.shutdown.signum, self.spec.shutdown.timeout)
+        else:
+            await self._clear_leftovers()
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        signal_group(self.pgid, sig)
+
+    def refresh_tree(self) -> list[psutil.Process]:
+        """Snapshot the live tree; new descendants are remembered (and told to the watchdog)."""
+        tree = descendants(self.pid) if self.returncode is None else []
+        for proc in tree:
+            if proc.pid not in self.known:
+                self.known[proc.pid] = proc
+                try:
+                    self.announce(f"pid {proc.pid} {proc.create_time()}")
+                except psutil.Error:
+                    continue
+        return tree
+
+    async def stop(self, sig: int, timeout: float) -> list[psutil.Process]:
+        """Signal, wait ``timeout``, SIGKILL, confirm; returns survivors (normally empty)."""
+        self.refresh_tree()
+        others = self._outside_group(await self._scan())
+        signal_group(self.pgid, sig)
+        signal_all(others, sig)
+        if not await self._gone_within(timeout, others):
+            signal_group(self.pgid, signal.SIGKILL)
+            signal_all(others, signal.SIGKILL)
+            await self._gone_within(KILL_WAIT, others)
+        return await self._clear_leftovers()
+
+    async def kill(self) -> list[psutil.Process]:
+        """SIGKILL at once (no grace), then confirm like ``stop``."""
+        return await self.stop(signal.SIGKILL, KILL_WAIT)
+
+    async def _clear_leftovers(self) -> list[psutil.Process]:
+        """SIGKILL anything still in the group or tagged with this process; wait; report."""
+        leftovers = await self._scan()
+        if leftovers:
+            signal_all(leftovers, signal.SIGKILL)
+            await self._gone_within(KILL_WAIT, leftovers)
+        if self._pump is not None:
+            try:
+                await asyncio.wait_for(asyncio.shield(self._pump), KILL_WAIT)
+            except TimeoutError:
+                self._pump.cancel()
+        survivors = alive(leftovers)
+        if not survivors:
+            self.announce(f"gone {self.pgid}")
+        return survivors
+
+    async def _scan(self) -> list[psutil.Process]:
+        """Group members, tagged processes and remembered descendants still alive."""
+        found = {p.pid: p for p in alive(self.known.values())}
+        found.update({p.pid: p for p in await asyncio.to_thread(group_members, self.pgid)})
+        found.update(
+            {p.pid: p for p in await asyncio.to_thread(tagged, self.run_id, self.spec.name)}
+        )
+        return list(found.values())
+
+    def _outside_group(self, procs: list[psutil.Process]) -> list[psutil.Process]:
+        outside = []
+        for proc in procs:
+            try:
+                if os.getpgid(proc.pid) != self.pgid:
+                    outside.append(proc)
+            except OSError:
+                continue
+        return outside
+
+    async def _gone_within(self, seconds: float, others: list[psutil.Process]) -> bool:
+        """Poll until the leader, its group and ``others`` are gone; False on timeout."""
+        deadline = time.monotonic() + seconds
+        while True:
+            if self.returncode is not None and not alive(others) and self._group_empty():
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(POLL)
+
+    def _group_empty(self) -> bool:
+        try:
+            os.killpg(self.pgid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return not group_members(self.pgid)

@@ -1,0 +1,185 @@
+"""Background measurements: CPU/RSS per process tree, GPU memory (NVML), inference tokens/s.
+
+Samplers return plain events and metric values; the supervisor publishes them. NVML is
+optional: without the library, a driver or a GPU, the GPU part is silently absent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import httpx
+import psutil
+
+from grpo_tui.supervisor.events import Event, GpuSample, ResourceSample
+from grpo_tui.supervisor.process import ChildProcess
+
+TOKENS_COUNTER = "vllm:generation_tokens_total"
+
+
+class TreeSampler:
+    """CPU % and RSS summed over each child's live process tree.
+
+    ``psutil.Process`` objects are kept between samples because ``cpu_percent`` measures the
+    time since the previous call on the same object.
+    """
+
+    def __init__(self) -> None:
+        self._procs: dict[int, psutil.Process] = {}
+
+    def sample(
+        self, children: Mapping[str, ChildProcess]
+    ) -> dict[str, tuple[float, int, set[int]]]:
+        """``name -> (cpu %, rss bytes, pids)``."""
+        seen: dict[int, psutil.Process] = {}
+        result = {}
+        for name, child in children.items():
+            cpu, rss, pids = 0.0, 0, set()
+            for proc in [self._proc(child.pid), *child.refresh_tree()]:
+                if proc is None:
+                    continue
+                proc = self._procs.get(proc.pid, proc)
+                try:
+                    with proc.oneshot():
+                        cpu += proc.cpu_percent(None)
+                        rss += proc.memory_info().rss
+                except psutil.Error:
+                    continue
+                seen[proc.pid] = proc
+                pids.add(proc.pid)
+            result[name] = (cpu, rss, pids)
+        self._procs = seen
+        return result
+
+    def _proc(self, pid: int) -> psutil.Process | None:
+        if pid in self._procs:
+            return self._procs[pid]
+        try:
+            return psutil.Process(pid)
+        except psutil.Error:
+            return None
+
+
+class GpuSampler:
+    """Per-GPU memory/utilisation and per-pid GPU memory through NVML, when it works."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml = pynvml
+        except Exception:  # no library, no driver, no GPU: CPU-only sampling
+            self._nvml = None
+
+    @property
+    def available(self) -> bool:
+        return self._nvml is not None
+
+    def sample(self) -> tuple[list[GpuSample], dict[int, int]]:
+        """(one sample per GPU, ``pid -> GPU memory bytes`` over all GPUs)."""
+        nvml = self._nvml
+        if nvml is None:
+            return [], {}
+        gpus, per_pid = [], {}
+        try:
+            for index in range(nvml.nvmlDeviceGetCount()):
+                handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                util = nvml.nvmlDeviceGetUtilizationRates(handle)
+                name = nvml.nvmlDeviceGetName(handle)
+                gpus.append(
+                    GpuSample(
+                        index=index,
+                        name=name.decode() if isinstance(name, bytes) else str(name),
+                        memory_used_bytes=int(memory.used),
+                        memory_total_bytes=int(memory.total),
+                        utilization_percent=float(util.gpu),
+                    )
+                )
+                for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                    used = proc.usedGpuMemory or 0
+                    per_pid[proc.pid] = per_pid.get(proc.pid, 0) + int(used)
+        except nvml.NVMLError:
+            return gpus, per_pid
+        return gpus, per_pid
+
+
+def generation_tokens(text: str) -> float | None:
+    """Sum of ``vllm:generation_tokens_total`` over its label sets in Prometheus text."""
+    total, found = 0.0, False
+    for line in text.splitlines():
+        if line.startswith(TOKENS_COUNTER) and line[len(TOKENS_COUNTER)] in " {":
+            with contextlib.suppress(ValueError, IndexError):
+                total += float(line.rsplit(maxsplit=1)[-1])
+                found = True
+    return total if found else None
+
+
+class TokenRate:
+    """Tokens/s from successive scrapes of a Prometheus counter (resets handled)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[float, float] | None = None
+
+    def update(self, t: float, total: float) -> float | None:
+        last, self._last = self._last, (t, total)
+        if last is None or t <= last[0] or total < last[1]:
+            return None
+        return (total - last[1]) / (t - last[0])
+
+
+class Samplers:
+    """All samplers behind one call, made every couple of seconds by the supervisor."""
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self._client = client
+        self._trees = TreeSampler()
+        self._gpus = GpuSampler()
+        self._rates: dict[str, TokenRate] = {}
+
+    async def sample(
+        self,
+        children: Mapping[str, ChildProcess],
+        scrape: Mapping[str, tuple[str, str]],
+    ) -> tuple[list[Event], dict[str, float]]:
+        """(events to publish, metric values); ``scrape`` maps name -> (role, metrics url)."""
+        events: list[Event] = []
+        values: dict[str, float] = {}
+        gpus, gpu_by_pid = self._gpus.sample()
+        events.extend(gpus)
+        for gpu in gpus:
+            values[f"gpu/{gpu.index}/memory_used_bytes"] = gpu.memory_used_bytes
+            values[f"gpu/{gpu.index}/utilization_percent"] = gpu.utilization_percent
+        for name, (cpu, rss, pids) in self._trees.sample(children).items():
+            gpu_memory = sum(gpu_by_pid.get(pid, 0) for pid in pids) if gpus else None
+            events.append(
+                ResourceSample(
+                    process=name, cpu_percent=cpu, rss_bytes=rss, gpu_memory_bytes=gpu_memory
+                )
+            )
+            values[f"process/{name}/cpu_percent"] = cpu
+            values[f"process/{name}/rss_bytes"] = rss
+            if gpu_memory is not None:
+                values[f"process/{name}/gpu_memory_bytes"] = gpu_memory
+        for name, (role, url) in scrape.items():
+            rate = await self._scrape(name, url)
+            if rate is not None:
+                values[
+                    "inference/tokens_per_s" if role == "inference" else f"{name}/tokens_per_s"
+                ] = rate
+        return events, values
+
+    async def _scrape(self, name: str, url: str) -> float | None:
+        try:
+            response = await self._client.get(url, timeout=1.0)
+        except httpx.HTTPError:
+            return None
+        total = generation_tokens(response.text) if response.status_code == 200 else None
+        if total is None:
+            return None
+        return self._rates.setdefault(name, TokenRate()).update(time.time(), total)

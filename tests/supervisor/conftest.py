@@ -1,0 +1,101 @@
+"""Fixtures for supervisor tests: real child scripts under a real supervisor, always cleaned up."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from grpo_tui.supervisor.events import Event, State, StateChanged
+from grpo_tui.supervisor.spec import ProcessSpec
+from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
+
+CHILDREN = Path(__file__).with_name("children")
+
+
+def child(script: str, *args: object) -> list[str]:
+    """Command line running one of the test child scripts with this interpreter."""
+    return [sys.executable, str(CHILDREN / script), *map(str, args)]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def spec(name: str, command: list[str], **fields: Any) -> ProcessSpec:
+    return ProcessSpec(name=name, command=command, **fields)
+
+
+class Harness:
+    """A supervisor running in the background plus every event it published."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        self.sup = supervisor
+        self.events: list[Event] = []
+        self._arrived = asyncio.Event()
+        self._subscription = supervisor.subscribe()
+        self._collector = asyncio.create_task(self._collect())
+        self.run_task: asyncio.Task[RunOutcome] = asyncio.create_task(supervisor.run())
+
+    async def _collect(self) -> None:
+        async for event in self._subscription:
+            self.events.append(event)
+            self._arrived.set()
+
+    async def until(self, predicate: Callable[[Event], bool], timeout: float = 20.0) -> Event:
+        """The first event satisfying ``predicate``, waiting up to ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        seen = 0
+        while True:
+            for event in self.events[seen:]:
+                if predicate(event):
+                    return event
+            seen = len(self.events)
+            left = deadline - time.monotonic()
+            if left <= 0 or (self.run_task.done() and not self._arrived.is_set()):
+                raise AssertionError(f"no matching event within {timeout} s: {self.events[-5:]}")
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), min(left, 0.5))
+            except TimeoutError:
+                continue
+
+    async def state(self, process: str, state: State, timeout: float = 20.0) -> StateChanged:
+        event = await self.until(
+            lambda e: isinstance(e, StateChanged) and e.process == process and e.new == state,
+            timeout,
+        )
+        assert isinstance(event, StateChanged)
+        return event
+
+    def changes(self, process: str) -> list[StateChanged]:
+        return [e for e in self.events if isinstance(e, StateChanged) and e.process == process]
+
+    async def close(self) -> None:
+        if not self.run_task.done():
+            await self.sup.shutdown("test finished")
+        await asyncio.wait_for(self.run_task, 60)
+        self._subscription.close()
+        await self._collector
+
+
+@pytest.fixture
+async def supervise(tmp_path: Path) -> AsyncIterator[Callable[..., Harness]]:
+    made: list[Harness] = []
+
+    def make(specs: list[ProcessSpec], **kwargs: Any) -> Harness:
+        harness = Harness(Supervisor(specs, tmp_path / f"run{len(made)}", **kwargs))
+        made.append(harness)
+        return harness
+
+    yield make
+    for harness in made:
+        await harness.close()

@@ -1,0 +1,279 @@
+"""Start order, readiness, restart policy and stopping, with real child processes."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import random
+import signal
+import sys
+import time
+
+import psutil
+import pytest
+from conftest import child, free_port, spec
+
+from grpo_tui.supervisor.events import ProbeResult, Restarting, State, StateChanged
+from grpo_tui.supervisor.spec import HttpProbe, RestartPolicy, Shutdown, TcpProbe
+
+
+def listen_time(lines: list[str]) -> float:
+    return next(float(line.split()[-1]) for line in lines if line.startswith("listening at"))
+
+
+async def test_dependents_start_within_half_a_second_of_readiness(supervise) -> None:
+    rng = random.Random()
+    ports = {name: free_port() for name in ("api", "inference", "trainer")}
+
+    def server(name: str, **deps: str) -> object:
+        return spec(
+            name,
+            child("listener.py", "--port", ports[name], "--delay", f"{rng.uniform(0.2, 1.0):.2f}"),
+            port=ports[name],
+            depends_on={dep: {"condition": cond} for dep, cond in deps.items()},
+            readiness=HttpProbe(url=f"http://127.0.0.1:{ports[name]}/health", period=0.05),
+        )
+
+    specs = [
+        server("api"),
+        server("inference", api="process_healthy"),
+        server("trainer", api="process_healthy", inference="process_healthy"),
+    ]
+    h = supervise(specs)
+    await h.state("trainer", State.READY, timeout=30)
+    for dependent, dependency in (("inference", "api"), ("trainer", "inference")):
+        ready_at = listen_time(h.sup.recent_lines(dependency))
+        spawned = next(e for e in h.changes(dependent) if e.new == State.STARTING)
+        assert 0 <= spawned.t - ready_at < 0.5, (dependent, spawned.t - ready_at)
+    assert h.sup.status()["trainer"].health == "ok"
+
+
+async def test_crash_restarts_with_growing_backoff_then_fails(supervise) -> None:
+    crash = [sys.executable, "-c", "print('crashing'); raise SystemExit(3)"]
+    policy = RestartPolicy(policy="on_failure", backoff_base=0.1, backoff_factor=2, max_restarts=3)
+    h = supervise([spec("crashy", crash, restart=policy)], exit_with="crashy")
+    outcome = await h.run_task
+    assert outcome.exit_code != 0
+    assert "crashy" in outcome.reason and "gave up after 3 restarts" in outcome.reason
+    delays = [e.delay for e in h.events if isinstance(e, Restarting)]
+    assert delays == [0.1, 0.2, 0.4]
+    spawns = [e.t for e in h.changes("crashy") if e.new == State.RUNNING]
+    assert len(spawns) == 4
+    gaps = [b - a for a, b in itertools.pairwise(spawns)]
+    assert gaps[0] < gaps[1] < gaps[2]
+    final = h.sup.status()["crashy"]
+    assert final.state == State.FAILED and final.exit_code == 3 and final.restarts == 3
+
+
+async def test_child_ignoring_sigterm_is_killed_after_timeout(supervise) -> None:
+    h = supervise(
+        [
+            spec(
+                "stubborn",
+                child("stubborn.py"),
+                readiness={"kind": "log_line", "pattern": "ignoring SIGTERM"},
+                shutdown=Shutdown(timeout=0.5),
+            )
+        ]
+    )
+    await h.state("stubborn", State.READY)
+    pid = h.sup.status()["stubborn"].pid
+    assert pid is not None
+    began = time.monotonic()
+    await h.sup.stop("stubborn")
+    took = time.monotonic() - began
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert took >= 0.5
+    status = h.sup.status()["stubborn"]
+    assert status.state == State.STOPPED and status.exit_code == -signal.SIGKILL
+
+
+def alive(pids: list[int]) -> list[int]:
+    left = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return left
+
+
+async def test_stop_leaves_no_descendant_even_a_setsid_one(supervise, tmp_path) -> None:
+    pidfile = tmp_path / "family.pids"
+    h = supervise(
+        [
+            spec(
+                "family",
+                child("family.py", pidfile),
+                readiness={"kind": "log_line", "pattern": "family ready"},
+            )
+        ]
+    )
+    await h.state("family", State.READY)
+    pids = [int(line) for line in pidfile.read_text().split()]
+    assert len(alive(pids)) == 4
+    assert os.getpgid(pids[3]) != pids[0], "the setsid grandchild left the group"
+    await h.sup.stop("family")
+    assert alive(pids) == []
+
+
+async def test_command_not_found_fails_cleanly_then_follows_policy(supervise) -> None:
+    policy = RestartPolicy(policy="on_failure", backoff_base=0.05, max_restarts=1)
+    h = supervise(
+        [spec("ghost", ["grpo-tui-no-such-command-xyz"], restart=policy)], exit_with="ghost"
+    )
+    outcome = await h.run_task
+    changes = h.changes("ghost")
+    first_fail = next(e for e in changes if e.new == State.FAILED)
+    assert first_fail.reason == "command not found: grpo-tui-no-such-command-xyz"
+    assert State.BACKOFF in [e.new for e in changes]
+    assert outcome.exit_code == 1 and "command not found" in outcome.reason
+    assert "Traceback" not in "".join(e.reason for e in changes)
+
+
+async def test_port_in_use_is_refused_naming_the_holder(supervise) -> None:
+    port = free_port()
+    holder = psutil.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+        stdout=-3,
+        stderr=-3,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while not any(
+            c.status == psutil.CONN_LISTEN and c.laddr.port == port
+            for c in holder.net_connections()
+        ):
+            assert time.monotonic() < deadline, "holder never listened"
+            time.sleep(0.05)
+        h = supervise(
+            [spec("api", child("listener.py", "--port", port), port=port)], exit_with="api"
+        )
+        outcome = await h.run_task
+        failed = next(e for e in h.changes("api") if e.new == State.FAILED)
+        assert f"pid {holder.pid}" in failed.reason and "http.server" in failed.reason
+        assert outcome.exit_code == 1
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+async def test_liveness_failure_restarts_the_process(supervise) -> None:
+    port = free_port()
+    probe = {"url": f"http://127.0.0.1:{port}/", "period": 0.1, "failure_threshold": 2}
+    h = supervise(
+        [
+            spec(
+                "server",
+                child("listener.py", "--port", port, "--serve-for", "1.0"),
+                readiness=HttpProbe(**probe),
+                liveness=HttpProbe(**probe),
+                restart=RestartPolicy(policy="on_failure", backoff_base=0.1, max_restarts=1),
+                shutdown=Shutdown(timeout=2),
+            )
+        ]
+    )
+    await h.state("server", State.UNHEALTHY, timeout=30)
+    assert any(isinstance(e, ProbeResult) and e.probe == "liveness" and not e.ok for e in h.events)
+    restarting = await h.until(lambda e: isinstance(e, Restarting))
+    assert "liveness probe failed" in restarting.reason
+    ready_twice = await h.until(
+        lambda e: (
+            isinstance(e, StateChanged)
+            and e.new == State.READY
+            and len([c for c in h.changes("server") if c.new == State.READY]) == 2
+        )
+    )
+    assert ready_twice.pid != h.changes("server")[1].pid or h.sup.status()["server"].restarts == 1
+
+
+async def test_restart_with_dependents_rebuilds_the_spec(supervise) -> None:
+    ports = {"api": free_port(), "env": free_port()}
+    seen: list[tuple[str, dict]] = []
+
+    def server(name: str, delay: str = "0", **extra: object) -> object:
+        return spec(
+            name,
+            child("listener.py", "--port", ports[name], "--delay", delay),
+            readiness=TcpProbe(port=ports[name], period=0.05),
+            **extra,
+        )
+
+    def respec(name: str, args: dict) -> object:
+        seen.append((name, dict(args)))
+        return server(name, delay=str(args["delay"]))
+
+    h = supervise(
+        [server("api"), server("env", depends_on={"api": {}})],
+        respec=respec,
+    )
+    await h.state("env", State.READY)
+    before = {n: s.pid for n, s in h.sup.status().items()}
+    await h.sup.restart("api", with_dependents=True, args={"delay": 0.2})
+    assert seen == [("api", {"delay": 0.2})]
+    assert h.sup.status()["api"].state == State.READY
+    await h.until(lambda _: len([e for e in h.changes("env") if e.new == State.READY]) == 2)
+    after = {n: s.pid for n, s in h.sup.status().items()}
+    assert after["api"] != before["api"] and after["env"] != before["env"]
+    api_ready = [e for e in h.changes("api") if e.new == State.READY][-1]
+    env_start = [e for e in h.changes("env") if e.new == State.STARTING][-1]
+    assert env_start.t >= api_ready.t
+
+
+async def test_exit_with_completion_ends_the_run_in_order(supervise) -> None:
+    port = free_port()
+    h = supervise(
+        [
+            spec(
+                "server",
+                child("listener.py", "--port", port),
+                readiness=TcpProbe(port=port, period=0.05),
+            ),
+            spec(
+                "job",
+                [sys.executable, "-c", "print('working')"],
+                depends_on={"server": {}},
+            ),
+        ],
+        exit_with="job",
+    )
+    outcome = await h.run_task
+    assert outcome.exit_code == 0 and "job completed" in outcome.reason
+    assert h.sup.status()["server"].state == State.STOPPED
+    events_file = (h.sup.run_dir / "events.jsonl").read_text()
+    assert '"new": "completed"' in events_file and '"process": "job"' in events_file
+
+
+@pytest.mark.parametrize("condition", ["process_completed_successfully", "process_started"])
+async def test_dependency_conditions(supervise, condition: str) -> None:
+    first = spec("first", [sys.executable, "-c", "import time; time.sleep(0.3)"])
+    second = spec(
+        "second", [sys.executable, "-c", "pass"], depends_on={"first": {"condition": condition}}
+    )
+    h = supervise([first, second], exit_with="second")
+    assert (await h.run_task).exit_code == 0
+    second_start = next(e for e in h.changes("second") if e.new == State.RUNNING).t
+    ended = (State.COMPLETED, State.STOPPING)
+    first_done = next(e for e in h.changes("first") if e.new in ended).t
+    if condition == "process_started":
+        assert second_start < first_done
+    else:
+        assert second_start >= first_done
+
+
+async def test_failed_dependency_fails_its_dependents(supervise) -> None:
+    h = supervise(
+        [
+            spec(
+                "broken",
+                [sys.executable, "-c", "import time; time.sleep(0.2); raise SystemExit(1)"],
+                readiness=TcpProbe(port=free_port(), period=0.05),
+            ),
+            spec("after", [sys.executable, "-c", "pass"], depends_on={"broken": {}}),
+        ],
+        exit_with="after",
+    )
+    outcome = await h.run_task
+    assert outcome.exit_code == 1
+    assert "dependency broken failed" in h.sup.status()["after"].last_reason
