@@ -1,0 +1,308 @@
+"""The Textual app: wires one supervisor (or a finished run's files) to the screens.
+
+One worker runs ``Supervisor.run()``, one pumps its events into a plain :class:`RunState`,
+and a 2 Hz timer copies ``Supervisor.status()`` into it; screens draw that state on their
+own timers. Every binding has an id (remap in ``~/.config/grpo-tui/keymap.toml``) and every
+action is in the command palette (:mod:`grpo_tui.commands`). Quitting runs the supervisor's
+ordered shutdown; while a trainer is running it asks first.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import tomllib
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from textual import work
+from textual.app import App
+from textual.binding import Binding, BindingType
+from textual.worker import Worker
+
+from grpo_tui.alerts import Alert, evaluate
+from grpo_tui.commands import ActionsProvider
+from grpo_tui.run_state import RunState
+from grpo_tui.screens.dashboard import DashboardScreen
+from grpo_tui.screens.help import HelpScreen
+from grpo_tui.screens.logs import LogsScreen
+from grpo_tui.screens.mode_switch import ModeSwitchScreen
+from grpo_tui.screens.quit_confirm import QuitConfirmScreen
+from grpo_tui.screens.run_viewer import RunViewerScreen
+from grpo_tui.supervisor.events import Notice
+
+if TYPE_CHECKING:
+    from grpo_tui.profile import Profile
+    from grpo_tui.supervisor.bus import Subscription
+    from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
+
+STATUS_PERIOD = 0.5
+MUTATING_ACTIONS = frozenset(
+    {
+        "restart_process",
+        "stop_process",
+        "start_process",
+        "kill_process",
+        "restart_inference",
+        "switch_training_mode",
+        "process_action",
+    }
+)
+
+
+def default_keymap_path() -> Path:
+    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(config) / "grpo-tui" / "keymap.toml"
+
+
+def read_keymap(path: Path) -> dict[str, str]:
+    """``binding-id = "key"`` lines of a TOML file; a missing file is an empty keymap."""
+    if not path.is_file():
+        return {}
+    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    table = data.get("keymap", data)
+    return {str(k): str(v) for k, v in table.items() if isinstance(v, str)}
+
+
+class GrpoTuiApp(App[int]):
+    """The dashboard over a live :class:`Supervisor`, or read-only over a :class:`RunState`."""
+
+    CSS_PATH = "app.tcss"
+    TITLE = "grpo-tui"
+    COMMANDS = App.COMMANDS | {ActionsProvider}
+    ENABLE_COMMAND_PALETTE = True
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("r", "restart_process", "Restart", id="restart-process"),
+        Binding("x", "stop_process", "Stop", id="stop-process"),
+        Binding("s", "start_process", "Start", id="start-process"),
+        Binding("K", "kill_process", "Kill", id="kill-process"),
+        Binding("i", "restart_inference", "Restart inference", id="restart-inference"),
+        Binding("m", "switch_training_mode", "Mode", id="switch-mode"),
+        Binding("d", "show_dashboard", "Dashboard", id="show-dashboard"),
+        Binding("l", "show_logs", "Logs", id="show-logs"),
+        Binding("question_mark,f1", "help", "Help", id="help"),
+        Binding("q", "quit", "Quit", id="quit"),
+    ]
+
+    def __init__(
+        self,
+        state: RunState,
+        *,
+        supervisor: Supervisor | None = None,
+        clock: Callable[[], float] = time.time,
+        keymap_path: Path | None = None,
+    ) -> None:
+        super().__init__()
+        self.state = state
+        self.supervisor = supervisor
+        self.clock = clock
+        self.keymap_path = keymap_path or default_keymap_path()
+        self.keymap = read_keymap(self.keymap_path)
+        self.outcome: RunOutcome | None = None
+        self.alerts: dict[str, Alert] = {}
+        self._run_worker: Worker[None] | None = None
+        self._quitting = False
+        self.logs_screen = LogsScreen()
+
+    @property
+    def read_only(self) -> bool:
+        return self.supervisor is None
+
+    # -- life cycle -------------------------------------------------------------------
+
+    def on_mount(self) -> None:
+        if self.keymap:
+            self.set_keymap(self.keymap)
+        if self.read_only:
+            self.push_screen(RunViewerScreen())
+            return
+        if self.state.started_at is None:
+            self.state.started_at = self.clock()
+        self.push_screen(DashboardScreen())
+        self._pump_events(self.supervisor.subscribe())
+        self._run_worker = self._run_supervisor()
+        self._copy_status()
+        self.set_interval(STATUS_PERIOD, self._copy_status)
+
+    @work(group="pump")
+    async def _pump_events(self, subscription: Subscription) -> None:
+        """The one subscriber: folds every supervisor event into the plain state."""
+        try:
+            async for event in subscription:
+                self.state.apply(event)
+        finally:
+            subscription.close()
+
+    @work(group="supervisor", exit_on_error=False)
+    async def _run_supervisor(self) -> None:
+        assert self.supervisor is not None
+        outcome = await self.supervisor.run()
+        self.outcome = outcome
+        self.state.outcome = f"exit {outcome.exit_code}: {outcome.reason}"
+        self.state.finished_at = self.clock()
+        self._copy_status()
+        if not self._quitting:
+            severity = "information" if outcome.exit_code == 0 else "error"
+            self.notify(self.state.outcome, title="run finished", severity=severity, timeout=30)
+
+    def _copy_status(self) -> None:
+        if self.supervisor is not None:
+            self.state.sync_status(self.supervisor.status())
+
+    def check_alerts(self) -> list[Alert]:
+        """Evaluate the alerts; announce each new one once (a toast), return all active."""
+        active = {alert.key: alert for alert in evaluate(self.state, self.clock())}
+        for key, alert in active.items():
+            if key not in self.alerts:
+                self.notify(alert.message, title="alert", severity="warning", timeout=8)
+        self.alerts = active
+        return list(active.values())
+
+    # -- actions ----------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        return not (self.read_only and action in MUTATING_ACTIONS)
+
+    def key_bindings(self) -> list[Binding]:
+        """The app-wide bindings, for the help screen."""
+        return [b for b in self.BINDINGS if isinstance(b, Binding)]
+
+    @property
+    def selected_process(self) -> str | None:
+        screen = self.screen
+        if isinstance(screen, DashboardScreen | LogsScreen):
+            return screen.selected_process
+        return None
+
+    def _act(self, label: str, call: Callable[[], Awaitable[Any]]) -> None:
+        async def act() -> None:
+            try:
+                await call()
+            except Exception as error:
+                self.notify(f"{label} failed: {error}", severity="error", timeout=10)
+            else:
+                self.notify(f"{label}: done", timeout=4)
+
+        self.notify(f"{label} ...", timeout=3)
+        self.run_worker(act(), group="actions", exit_on_error=False)
+
+    def action_process_action(self, operation: str, name: str | None = None) -> None:
+        """``restart`` / ``stop`` / ``start`` / ``kill`` a process (the selected one by default)."""
+        target = name or self.selected_process
+        if self.supervisor is None:
+            return
+        if target is None:
+            self.notify("select a process first", severity="warning")
+            return
+        supervisor = self.supervisor
+        calls: dict[str, Callable[[], Awaitable[None]]] = {
+            "restart": lambda: supervisor.restart(target),
+            "stop": lambda: supervisor.stop(target),
+            "start": lambda: supervisor.start(target),
+            "kill": lambda: supervisor.kill(target),
+        }
+        self._act(f"{operation} {target}", calls[operation])
+
+    def action_restart_process(self) -> None:
+        self.action_process_action("restart")
+
+    def action_stop_process(self) -> None:
+        self.action_process_action("stop")
+
+    def action_start_process(self) -> None:
+        self.action_process_action("start")
+
+    def action_kill_process(self) -> None:
+        self.action_process_action("kill")
+
+    def action_restart_inference(self) -> None:
+        name = next(
+            (row.name for row in self.state.processes.values() if row.role == "inference"),
+            None,
+        )
+        if name is None:
+            self.notify("no inference process in this run", severity="warning")
+            return
+        self.action_process_action("restart", name)
+
+    def action_switch_training_mode(self) -> None:
+        self.push_screen(ModeSwitchScreen(self.state.mode))
+
+    async def switch_training_mode(self, mode: str) -> None:
+        """Run the supervisor's mode switch; the modal shows its progress."""
+        assert self.supervisor is not None
+        await self.supervisor.switch_mode(mode)
+        self.state.mode = mode
+
+    def action_show_dashboard(self) -> None:
+        if self.screen is self.logs_screen:
+            self.pop_screen()
+
+    def action_show_logs(self, name: str | None = None) -> None:
+        """Open the logs screen on ``name`` (default: the selected process)."""
+        target = name or self.selected_process
+        if self.screen is not self.logs_screen:
+            self.push_screen(self.logs_screen)
+        if target is not None:
+            self.logs_screen.show_stream(target)
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen())
+
+    async def action_quit(self) -> None:
+        """Ordered shutdown, asking first while a trainer is running."""
+        if self.read_only or self.outcome is not None:
+            self.exit(self.outcome.exit_code if self.outcome else 0)
+            return
+        if self._quitting:
+            return
+        if self.state.training():
+            step, total = self.state.step(), self.state.total_steps()
+            progress = f"step {step if step is not None else '-'} / {total or '?'}"
+            self.push_screen(QuitConfirmScreen(progress), self._quit_confirmed)
+        else:
+            self._shutdown_and_exit()
+
+    def _quit_confirmed(self, confirmed: bool | None) -> None:
+        if confirmed:
+            self._shutdown_and_exit()
+
+    @work(group="quit", exclusive=True)
+    async def _shutdown_and_exit(self) -> None:
+        assert self.supervisor is not None
+        self._quitting = True
+        self.notify("stopping every process in order ...", timeout=30)
+        await self.supervisor.shutdown("quit from the dashboard")
+        if self._run_worker is not None:
+            await self._run_worker.wait()
+        self.exit(self.outcome.exit_code if self.outcome else 0)
+
+
+def run_app(profile: Path | str | Profile, mode: str | None = None) -> int:
+    """Open the dashboard on a profile (a path or a loaded profile); returns the exit code."""
+    from grpo_tui.headless import write_run_dir
+    from grpo_tui.profile import load_profile
+    from grpo_tui.roles import build_plan
+    from grpo_tui.supervisor.supervisor import Supervisor
+
+    loaded = load_profile(profile, mode=mode) if isinstance(profile, str | Path) else profile
+    plan = build_plan(loaded)
+    write_run_dir(plan)
+    supervisor = Supervisor(plan.specs, plan.run_dir, exit_with=plan.exit_with, respec=plan.respec)
+    state = RunState(plan.run_dir.name, mode=plan.roles.mode)
+    app = GrpoTuiApp(state, supervisor=supervisor)
+    result = app.run()
+    return result if result is not None else app.return_code or 0
+
+
+def run_view(run_dir: Path | str) -> int:
+    """Open a run directory read-only; returns 0."""
+    from grpo_tui.run_files import load_run
+
+    state, bad_lines = load_run(Path(run_dir))
+    if bad_lines:
+        state.apply(Notice(level="warning", message=f"{bad_lines} unreadable JSON lines skipped"))
+    GrpoTuiApp(state).run()
+    return 0

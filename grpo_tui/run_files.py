@@ -1,0 +1,126 @@
+"""Rebuild a :class:`RunState` from a run directory (``grpo-tui view``), read-only.
+
+Events come from ``events.jsonl``, metrics from ``metrics.jsonl`` (the complete record:
+the event stream's metrics copies are skipped when it exists), and each process's output
+from the tail of ``logs/<process>.log``. Lines that are not valid JSON are counted and
+skipped: a run killed mid-write still opens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from collections.abc import Iterator
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+from grpo_tui.run_state import RunState
+from grpo_tui.supervisor import events as ev
+from grpo_tui.supervisor.events import Event, MetricsRecord, State
+
+EVENT_TYPES: dict[str, type[Event]] = {
+    cls.__name__: cls
+    for cls in (
+        ev.StateChanged,
+        ev.ProbeResult,
+        ev.LogBatch,
+        ev.Restarting,
+        ev.MetricsRecord,
+        ev.RequestReceived,
+        ev.ResourceSample,
+        ev.GpuSample,
+        ev.Notice,
+    )
+}
+TAIL_BYTES = 1 << 20
+"""How much of the end of each log file the viewer reads."""
+
+
+def event_from_json(record: dict[str, Any]) -> Event | None:
+    """The typed event of one ``events.jsonl`` line (``None`` for an unknown type)."""
+    cls = EVENT_TYPES.get(str(record.get("type")))
+    if cls is None:
+        return None
+    names = {f.name for f in fields(cls)}
+    kwargs = {k: v for k, v in record.items() if k in names}
+    if cls is ev.StateChanged:
+        kwargs["old"], kwargs["new"] = State(kwargs["old"]), State(kwargs["new"])
+    if cls is ev.LogBatch:
+        kwargs["lines"] = tuple(kwargs.get("lines", ()))
+    return cls(**kwargs)
+
+
+def _json_lines(path: Path) -> Iterator[dict[str, Any] | None]:
+    if not path.is_file():
+        return
+    with path.open(encoding="utf-8", errors="replace") as file:
+        for line in file:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                yield None
+                continue
+            yield record if isinstance(record, dict) else None
+
+
+def _tail_lines(path: Path, limit: int) -> list[str]:
+    with path.open("rb") as file:
+        size = file.seek(0, os.SEEK_END)
+        file.seek(max(0, size - TAIL_BYTES))
+        data = file.read()
+    lines = data.decode("utf-8", errors="replace").splitlines()
+    if size > TAIL_BYTES:
+        lines = lines[1:]  # the first line is cut
+    return lines[-limit:]
+
+
+def load_run(run_dir: Path, *, max_log_lines: int = 5000) -> tuple[RunState, int]:
+    """The state of a finished (or running) run, and how many bad JSON lines were skipped."""
+    state = RunState(run_dir.name, max_log_lines=max_log_lines)
+    bad = 0
+    metrics_file = run_dir / "metrics.jsonl"
+    events: list[Event] = []
+    for record in _json_lines(run_dir / "events.jsonl"):
+        event = event_from_json(record) if record is not None else None
+        if event is None:
+            bad += 1
+        elif not isinstance(event, ev.LogBatch) and not (
+            isinstance(event, MetricsRecord) and metrics_file.is_file()
+        ):
+            events.append(event)
+    for record in _json_lines(metrics_file):
+        if record is None or not isinstance(record.get("data"), dict):
+            bad += 1
+            continue
+        events.append(
+            MetricsRecord(
+                t=float(record.get("t", 0.0)),
+                process=str(record.get("process", "trainer")),
+                step=record.get("step"),
+                data=record["data"],
+            )
+        )
+    events.sort(key=lambda event: event.t)
+    for event in events:
+        state.apply(event)
+    if events:
+        state.finished_at = events[-1].t
+    logs = run_dir / "logs"
+    if logs.is_dir():
+        for path in sorted(logs.glob("*.log")):
+            state.log(path.stem).extend(_tail_lines(path, max_log_lines))
+    state.mode = _mode_from_profile(run_dir / "profile.toml")
+    return state, bad
+
+
+def _mode_from_profile(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    try:
+        run = tomllib.loads(path.read_text(encoding="utf-8")).get("run", {})
+    except tomllib.TOMLDecodeError:
+        return None
+    mode = run.get("mode") if isinstance(run, dict) else None
+    return str(mode) if mode else None

@@ -1,0 +1,277 @@
+"""What the dashboard shows, as plain data: processes, metric series, log buffers, notices.
+
+One subscriber task feeds supervisor events into a :class:`RunState` with :meth:`apply`;
+widgets read it on their own timers and never see an event. The same state is rebuilt from
+a finished run's files by :mod:`grpo_tui.run_files`, so the live app, the read-only viewer
+and the snapshot tests draw exactly the same thing. No textual import here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from grpo_tui.supervisor.events import (
+    Event,
+    GpuSample,
+    LogBatch,
+    MetricsRecord,
+    Notice,
+    ProbeResult,
+    RequestReceived,
+    ResourceSample,
+    Restarting,
+    State,
+    StateChanged,
+)
+
+SUPERVISOR_LOG = "supervisor"
+"""Name of the log buffer holding the supervisor's own events."""
+
+CRASH_LOOP_RESTARTS = 3
+"""Restarts within :data:`CRASH_LOOP_WINDOW` seconds that make a crash loop."""
+CRASH_LOOP_WINDOW = 120.0
+
+LIVE_STATES = frozenset({State.STARTING, State.RUNNING, State.READY, State.UNHEALTHY})
+
+
+class LogBuffer:
+    """The last ``max_lines`` lines of one stream, plus how many were ever appended.
+
+    Readers remember :attr:`total` and ask :meth:`since` for what is new, so a pane that
+    flushes every 100 ms never copies more than the buffer holds.
+    """
+
+    def __init__(self, max_lines: int) -> None:
+        self.lines: deque[str] = deque(maxlen=max_lines)
+        self.total = 0
+
+    def extend(self, lines: Sequence[str]) -> None:
+        self.lines.extend(lines)
+        self.total += len(lines)
+
+    def since(self, seen: int) -> tuple[list[str], int]:
+        """Lines appended after ``seen`` (at most the buffer), and the new total."""
+        new = self.total - seen
+        if new <= 0:
+            return [], self.total
+        count = min(new, len(self.lines))
+        return list(self.lines)[-count:], self.total
+
+
+@dataclass
+class ProcessRow:
+    """One row of the process table."""
+
+    name: str
+    role: str = "process"
+    state: State = State.PENDING
+    pid: int | None = None
+    started_at: float | None = None
+    restarts: int = 0
+    health: str | None = None
+    port: int | None = None
+    exit_code: int | None = None
+    last_reason: str = ""
+    cpu_percent: float | None = None
+    rss_bytes: int | None = None
+    gpu_memory_bytes: int | None = None
+    restart_times: deque[float] = field(default_factory=lambda: deque(maxlen=32))
+
+    def crash_looping(self, now: float) -> bool:
+        """Restarted often lately, or gave up after restarting."""
+        recent = sum(1 for t in self.restart_times if now - t <= CRASH_LOOP_WINDOW)
+        return recent >= CRASH_LOOP_RESTARTS or (self.state is State.FAILED and self.restarts > 0)
+
+
+Point = tuple[float, int | None, float]
+"""(t, step, value) of one metric sample."""
+
+
+class SeriesStore:
+    """Bounded time series by metric name; :attr:`version` moves on every change."""
+
+    def __init__(self, max_points: int = 2000) -> None:
+        self._series: dict[str, deque[Point]] = {}
+        self._max_points = max_points
+        self.latest: dict[str, float] = {}
+        self.latest_step: dict[str, int | None] = {}
+        self.version = 0
+
+    def add(self, name: str, t: float, step: int | None, value: float) -> None:
+        series = self._series.get(name)
+        if series is None:
+            series = self._series[name] = deque(maxlen=self._max_points)
+        series.append((t, step, value))
+        self.latest[name] = value
+        self.latest_step[name] = step
+        self.version += 1
+
+    def series(self, name: str) -> list[Point]:
+        return list(self._series.get(name, ()))
+
+    def names(self) -> list[str]:
+        return sorted(self._series)
+
+
+def _finite_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _clock_text(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(t))
+
+
+class RunState:
+    """Everything the UI draws, updated by :meth:`apply` and :meth:`sync_status`."""
+
+    def __init__(
+        self,
+        run_name: str,
+        *,
+        mode: str | None = None,
+        started_at: float | None = None,
+        max_log_lines: int = 5000,
+    ) -> None:
+        self.run_name = run_name
+        self.mode = mode
+        self.started_at = started_at
+        self.finished_at: float | None = None
+        self.outcome: str | None = None
+        self.processes: dict[str, ProcessRow] = {}
+        self.metrics = SeriesStore()
+        self.logs: dict[str, LogBuffer] = {SUPERVISOR_LOG: LogBuffer(max_log_lines)}
+        self.notices: deque[Notice] = deque(maxlen=200)
+        self.sync_failures: deque[float] = deque(maxlen=32)
+        self.dropped_lines = 0
+        self._max_log_lines = max_log_lines
+
+    # -- events -----------------------------------------------------------------------
+
+    def apply(self, event: Event) -> None:
+        """Fold one supervisor event into the state (cheap: called per event)."""
+        if self.started_at is None:
+            self.started_at = event.t
+        match event:
+            case LogBatch():
+                self.log(event.process).extend(event.lines)
+                if event.dropped:
+                    self.dropped_lines += event.dropped
+                    self._event_line(
+                        event.t, f"{event.process}: {event.dropped} log lines dropped (slow UI)"
+                    )
+            case MetricsRecord():
+                for name, value in event.data.items():
+                    if _finite_number(value):
+                        self.metrics.add(name, event.t, event.step, float(value))
+            case StateChanged():
+                row = self.process(event.process)
+                row.state = event.new
+                if event.pid is not None:
+                    row.pid = event.pid
+                if event.new in (State.STARTING, State.RUNNING) and event.old not in LIVE_STATES:
+                    row.started_at = event.t
+                if event.exit_code is not None:
+                    row.exit_code = event.exit_code
+                if event.reason:
+                    row.last_reason = event.reason
+                pid = f" pid {event.pid}" if event.pid else ""
+                why = f" ({event.reason})" if event.reason else ""
+                self._event_line(event.t, f"{event.process}: {event.old} -> {event.new}{pid}{why}")
+            case Restarting():
+                row = self.process(event.process)
+                row.restarts = max(row.restarts, event.attempt)
+                row.restart_times.append(event.t)
+                self._event_line(
+                    event.t,
+                    f"{event.process}: restart #{event.attempt} in {event.delay:.1f}s"
+                    f" ({event.reason})",
+                )
+            case ProbeResult():
+                row = self.process(event.process)
+                row.health = "ok" if event.ok else "failing"
+                if not event.ok:
+                    self._event_line(
+                        event.t, f"{event.process}: {event.probe} probe failed: {event.message}"
+                    )
+            case RequestReceived():
+                target = f" {event.target}" if event.target else ""
+                self._event_line(
+                    event.t, f"{event.process} asks: {event.action}{target} {event.args or ''}"
+                )
+            case ResourceSample():
+                row = self.process(event.process)
+                row.cpu_percent = event.cpu_percent
+                row.rss_bytes = event.rss_bytes
+                row.gpu_memory_bytes = event.gpu_memory_bytes
+                self.metrics.add(f"rss_mb/{event.process}", event.t, None, event.rss_bytes / 2**20)
+            case GpuSample():
+                self.metrics.add(
+                    f"gpu_memory_gb/{event.index}", event.t, None, event.memory_used_bytes / 1e9
+                )
+            case Notice():
+                self.notices.append(event)
+                if event.level in ("warning", "error") and "sync" in event.message.lower():
+                    self.sync_failures.append(event.t)
+                self._event_line(event.t, f"[{event.level}] {event.message}")
+
+    def sync_status(self, statuses: Mapping[str, Any]) -> None:
+        """Copy the supervisor's ``status()`` snapshot (authoritative for the table)."""
+        for name, status in statuses.items():
+            row = self.process(name)
+            row.role = status.role
+            row.state = State(status.state)
+            row.pid = status.pid
+            row.started_at = status.started_at
+            row.restarts = status.restarts
+            row.health = status.health
+            row.port = status.port
+            row.exit_code = status.exit_code
+            row.last_reason = status.last_reason or ""
+
+    # -- helpers ----------------------------------------------------------------------
+
+    def process(self, name: str) -> ProcessRow:
+        row = self.processes.get(name)
+        if row is None:
+            row = self.processes[name] = ProcessRow(name=name)
+            self.log(name)
+        return row
+
+    def log(self, name: str) -> LogBuffer:
+        buffer = self.logs.get(name)
+        if buffer is None:
+            buffer = self.logs[name] = LogBuffer(self._max_log_lines)
+        return buffer
+
+    def _event_line(self, t: float, text: str) -> None:
+        self.logs[SUPERVISOR_LOG].extend((f"{_clock_text(t)} {text}",))
+
+    def step(self) -> int | None:
+        """The trainer's latest optimizer step."""
+        steps = [s for s in self.metrics.latest_step.values() if s is not None]
+        return max(steps) if steps else None
+
+    def total_steps(self) -> int | None:
+        total = self.metrics.latest.get("training_steps")
+        return int(total) if total else None
+
+    def eta_seconds(self) -> float | None:
+        """Seconds left at the recent step rate, from the ``loss`` series."""
+        total, points = self.total_steps(), self.metrics.series("loss")[-50:]
+        if total is None or len(points) < 2:
+            return None
+        (t0, s0, _), (t1, s1, _) = points[0], points[-1]
+        if s0 is None or s1 is None or s1 <= s0 or t1 <= t0:
+            return None
+        return (total - s1) * (t1 - t0) / (s1 - s0)
+
+    def training(self) -> bool:
+        """A trainer is alive and the run is not over."""
+        return self.outcome is None and any(
+            row.role == "trainer" and row.state in LIVE_STATES for row in self.processes.values()
+        )

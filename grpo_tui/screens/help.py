@@ -1,0 +1,57 @@
+"""The help screen: every key, what it does, and the binding id to remap it with."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar
+
+from rich.table import Table
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Static
+
+from grpo_tui.screens.logs import LogsScreen
+
+if TYPE_CHECKING:
+    from grpo_tui.app import GrpoTuiApp
+
+KEYMAP_HINT = (
+    'Remap keys in {path} with lines like  restart-inference = "ctrl+r"  '
+    "(binding id = key). Every action is also in the command palette (ctrl+p)."
+)
+
+
+def bindings_table(title: str, bindings: list[Binding], keymap: dict[str, str]) -> Table:
+    """Key, action and id of each binding that has an id, after the user's keymap."""
+    table = Table(title=title, title_justify="left", expand=True, box=None, padding=(0, 2))
+    table.add_column("key", style="bold cyan", no_wrap=True)
+    table.add_column("action")
+    table.add_column("id", style="dim", no_wrap=True)
+    for binding in bindings:
+        if binding.id is None:
+            continue
+        key = keymap.get(binding.id, binding.key)
+        table.add_row(key, binding.description or binding.action, binding.id)
+    return table
+
+
+class HelpScreen(ModalScreen[None]):
+    """Key bindings of the app and of the logs screen."""
+
+    app: GrpoTuiApp
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape,q,question_mark", "dismiss", "Close", id="help-close")
+    ]
+
+    def compose(self) -> ComposeResult:
+        keymap = self.app.keymap
+        with VerticalScroll(id="help-dialog", classes="dialog"):
+            yield Static("[b]grpo-tui keys[/b]")
+            yield Static(bindings_table("everywhere", self.app.key_bindings(), keymap))
+            yield Static(bindings_table("logs screen", list(LogsScreen.BINDINGS), keymap))
+            yield Static(KEYMAP_HINT.format(path=self.app.keymap_path), classes="hint")
+
+    def action_dismiss(self) -> None:
+        self.dismiss()

@@ -1,0 +1,98 @@
+"""A log pane over one :class:`LogBuffer`: batched writes, follow / pause, a filter.
+
+The pane never sees individual lines as they arrive: :meth:`LogPane.flush` (called every
+~80 ms by its screen) copies what is new since the last flush, and at most ``max_lines``
+of it, into Textual's ``Log`` widget, which keeps only ``max_lines`` lines itself. Paused,
+the view is frozen and the subtitle counts what is waiting; the filter keeps the lines that
+contain its text (case-insensitive).
+"""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual.widgets import Input, Log
+
+from grpo_tui.run_state import LogBuffer
+
+
+def dom_id(prefix: str, name: str) -> str:
+    """A valid Textual id for a process name (which may hold dots)."""
+    return f"{prefix}-{name.replace('.', '_')}"
+
+
+class LogPane(Vertical):
+    """One process's output (or the supervisor's events)."""
+
+    ALLOW_MAXIMIZE = True
+
+    def __init__(self, name: str, buffer: LogBuffer, *, max_lines: int = 2000) -> None:
+        super().__init__(id=dom_id("log", name), classes="log-pane")
+        self.stream = name
+        self.buffer = buffer
+        self.max_lines = max_lines
+        self.following = True
+        self.needle = ""
+        self._seen = 0
+        self.border_title = name
+
+    def compose(self) -> ComposeResult:
+        yield Input(placeholder="filter (enter to apply, escape to close)", classes="log-filter")
+        yield Log(max_lines=self.max_lines, auto_scroll=True)
+
+    def flush(self) -> int:
+        """Write what arrived since the last flush; returns how many lines were written."""
+        if not self.following:
+            waiting = self.buffer.total - self._seen
+            self.border_subtitle = f"paused · {waiting} new lines" if waiting else "paused"
+            return 0
+        lines, self._seen = self.buffer.since(self._seen)
+        if self.needle:
+            lines = [line for line in lines if self.needle in line.lower()]
+        if not lines:
+            return 0
+        self.query_one(Log).write_lines(lines[-self.max_lines :])
+        return len(lines)
+
+    def reload(self) -> None:
+        """Redraw from the whole buffer (after a filter change or a resume)."""
+        log = self.query_one(Log)
+        log.clear()
+        self._seen = self.buffer.total
+        lines = list(self.buffer.lines)
+        if self.needle:
+            lines = [line for line in lines if self.needle in line.lower()]
+        log.write_lines(lines[-self.max_lines :])
+        self.border_subtitle = f"filter: {self.needle}" if self.needle else ""
+
+    def start_from_now(self) -> None:
+        """Empty the pane and show only lines that arrive from now on."""
+        self.query_one(Log).clear()
+        self._seen = self.buffer.total
+
+    def toggle_follow(self) -> None:
+        self.following = not self.following
+        if self.following:
+            self.reload()
+        else:
+            self.border_subtitle = "paused"
+
+    def open_filter(self) -> None:
+        field = self.query_one(Input)
+        field.add_class("-open")
+        field.focus()
+
+    def close_filter(self) -> None:
+        self.query_one(Input).remove_class("-open")
+        self.query_one(Log).focus()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.needle = event.value.strip().lower()
+        self.reload()
+        self.close_filter()
+
+    @property
+    def text(self) -> list[str]:
+        """The lines on screen now (for tests and the viewer)."""
+        return list(self.query_one(Log).lines)

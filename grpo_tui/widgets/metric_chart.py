@@ -1,0 +1,166 @@
+"""One chart of one or more metric series, redrawn from a snapshot when its data changed.
+
+Built on textual-plot's ``PlotWidget`` (a maintained Textual-native widget with axes, tick
+labels, braille high-resolution lines and several series per plot). Textual's ``Sparkline``
+has no axes, no second series and no reference lines; plotext renders through a string
+that textual-plotext re-parses on every frame and is not installed here. The charts never
+redraw per event: the dashboard calls :meth:`MetricChart.redraw` on a timer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from textual.app import ComposeResult
+from textual.containers import Vertical
+from textual_plot import HiResMode, PlotWidget
+
+from grpo_tui.run_state import Point, SeriesStore
+
+PALETTE = ("cyan", "magenta", "yellow", "green", "red", "blue")
+MAX_POINTS = 240
+"""Points drawn per series: downsampled, so a long run costs the same to draw as a short one."""
+
+
+@dataclass(frozen=True)
+class ChartSpec:
+    """What one chart shows.
+
+    ``names`` are exact metric names; ``prefixes`` add every metric starting with one of
+    them (per-device GPU memory, eval pass@k), and ``fallback_prefixes`` are used only when
+    nothing else has data (process RSS when there is no GPU). ``lines`` are horizontal
+    reference lines (healthy-band edges); ``labels`` short names for the title; ``x`` is
+    ``"step"`` or ``"time"`` (seconds since start).
+    """
+
+    id: str
+    title: str
+    names: tuple[str, ...] = ()
+    prefixes: tuple[str, ...] = ()
+    fallback_prefixes: tuple[str, ...] = ()
+    lines: tuple[float, ...] = ()
+    labels: tuple[tuple[str, str], ...] = ()
+    x: str = "step"
+    unit: str = ""
+
+    def series_names(self, store: SeriesStore) -> list[str]:
+        names = store.names()
+        chosen = [n for n in self.names if n in names]
+        if self.prefixes:
+            chosen += [n for n in names if n not in chosen and n.startswith(self.prefixes)]
+        if not chosen and self.fallback_prefixes:
+            chosen = [n for n in names if n.startswith(self.fallback_prefixes)]
+        return chosen
+
+
+def _downsample(points: Sequence[Point], limit: int) -> Sequence[Point]:
+    if len(points) <= limit:
+        return points
+    stride = len(points) / limit
+    picked = [points[int(i * stride)] for i in range(limit - 1)]
+    return [*picked, points[-1]]
+
+
+class Plot(PlotWidget, can_focus=False):
+    """A compact plot that never takes focus, so the arrow keys stay with the process table."""
+
+    def on_mount(self) -> None:
+        self.margin_top = 0
+        self.margin_bottom = 1
+        self.margin_left = 7
+
+
+class MetricChart(Vertical):
+    """A titled chart; the border title carries the latest values, the border turns red on alert."""
+
+    def __init__(self, spec: ChartSpec, *, t0: float = 0.0) -> None:
+        super().__init__(id=f"chart-{spec.id}", classes="chart")
+        self.spec = spec
+        self.t0 = t0
+        self._signature: tuple[object, ...] | None = None
+        self.border_title = spec.title
+
+    def compose(self) -> ComposeResult:
+        yield Plot(allow_pan_and_zoom=False)
+
+    def redraw(self, store: SeriesStore) -> bool:
+        """Draw the current data if it changed since the last call; True if it redrew."""
+        names = self.spec.series_names(store)
+        data = {name: store.series(name) for name in names}
+        signature = tuple((n, len(p), p[-1] if p else None) for n, p in data.items())
+        if signature == self._signature:
+            return False
+        self._signature = signature
+        plot = self.query_one(Plot)
+        plot.clear()
+        self.border_title = self._title(data)
+        xs_all: list[float] = []
+        for index, points in enumerate(data.values()):
+            shown = _downsample(points, MAX_POINTS)
+            xs = [self._x(p) for p in shown]
+            ys = [p[2] for p in shown]
+            xs_all += xs
+            style = PALETTE[index % len(PALETTE)]
+            plot.plot(np.array(xs), np.array(ys), line_style=style, hires_mode=HiResMode.BRAILLE)
+        if xs_all:
+            x_range = np.array([min(xs_all), max(xs_all)])
+            for y in self.spec.lines:
+                plot.plot(
+                    x_range, np.array([y, y]), line_style="green", hires_mode=HiResMode.BRAILLE
+                )
+        return True
+
+    def _x(self, point: Point) -> float:
+        t, step, _ = point
+        if self.spec.x == "step" and step is not None:
+            return float(step)
+        return t - self.t0
+
+    def _title(self, data: dict[str, list[Point]]) -> str:
+        labels = dict(self.spec.labels)
+        if len(data) == 1 and not labels:
+            (points,) = data.values()
+            value = f"{points[-1][2]:.4g}{self.spec.unit}" if points else "[dim]no data[/]"
+            return f"{self.spec.title} {value}"
+        parts = []
+        for index, (name, points) in enumerate(data.items()):
+            if points:
+                short = labels.get(name) or name.rsplit("/", 1)[-1]
+                color = PALETTE[index % len(PALETTE)]
+                parts.append(f"[{color}]{short}[/] {points[-1][2]:.4g}{self.spec.unit}")
+        values = "  ".join(parts) if parts else "[dim]no data[/]"
+        return f"{self.spec.title}: {values}"
+
+
+DASHBOARD_CHARTS: tuple[ChartSpec, ...] = (
+    ChartSpec("loss", "loss", names=("loss",)),
+    ChartSpec(
+        "reward",
+        "reward",
+        names=("reward/mean",),
+        prefixes=("eval/pass@",),
+        labels=(("reward/mean", "mean"),),
+    ),
+    ChartSpec("mean_ratio", "mean_ratio", names=("mean_ratio",), lines=(0.8, 1.2)),
+    ChartSpec("clipped_fraction", "clipped", names=("clipped_fraction",), lines=(0.3,)),
+    ChartSpec("alignment", "align |Δlogp|", names=("alignment/diff_abs_mean",), lines=(0.1,)),
+    ChartSpec(
+        "throughput",
+        "tok/s",
+        names=("inference/tokens_per_s", "tokens_per_s"),
+        labels=(("inference/tokens_per_s", "inference"), ("tokens_per_s", "trainer")),
+        x="time",
+    ),
+    ChartSpec(
+        "memory",
+        "GPU GB / RSS MB",
+        prefixes=("gpu_memory_gb/",),
+        fallback_prefixes=("rss_mb/",),
+        x="time",
+    ),
+    ChartSpec("off_policy_lag", "off-policy lag", names=("off_policy_lag",)),
+    ChartSpec("sync_time", "sync s", names=("sync_time",)),
+)
+"""The dashboard's chart grid, in reading order."""

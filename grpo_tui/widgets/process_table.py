@@ -1,0 +1,117 @@
+"""The process table: one row per supervised process, crash loops and failing probes in red."""
+
+from __future__ import annotations
+
+from rich.text import Text
+from textual.widgets import DataTable
+
+from grpo_tui.run_state import ProcessRow
+from grpo_tui.supervisor.events import State
+
+COLUMNS = (
+    ("name", "name"),
+    ("role", "role"),
+    ("state", "state"),
+    ("pid", "pid"),
+    ("uptime", "uptime"),
+    ("restarts", "restarts"),
+    ("health", "health"),
+    ("port", "port"),
+    ("cpu", "CPU %"),
+    ("rss", "RSS"),
+    ("gpu", "GPU mem"),
+)
+
+STATE_STYLES: dict[State, str] = {
+    State.PENDING: "dim",
+    State.STARTING: "yellow",
+    State.RUNNING: "green",
+    State.READY: "bold green",
+    State.UNHEALTHY: "bold red",
+    State.STOPPING: "yellow",
+    State.BACKOFF: "bold magenta",
+    State.COMPLETED: "blue",
+    State.STOPPED: "dim",
+    State.FAILED: "bold red",
+}
+
+
+def format_duration(seconds: float) -> str:
+    """``1:02:03`` / ``2:03``: compact, fixed meaning."""
+    seconds = max(0, int(seconds))
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{secs:02d}" if hours else f"{minutes}:{secs:02d}"
+
+
+def format_bytes(value: int | None) -> str:
+    if value is None:
+        return "-"
+    for unit in ("B", "K", "M", "G"):
+        if value < 1024 or unit == "G":
+            return f"{value:.0f}{unit}" if unit in ("B", "K") else f"{value:.1f}{unit}"
+        value /= 1024
+    return "-"
+
+
+def row_cells(row: ProcessRow, now: float) -> list[Text]:
+    """The cells of one row, styled so that trouble shows at a glance."""
+    crash = row.crash_looping(now)
+    state_text = str(row.state)
+    if crash:
+        state_text += " ⟳ crash loop"
+    alive = row.state in (State.STARTING, State.RUNNING, State.READY, State.UNHEALTHY)
+    uptime = format_duration(now - row.started_at) if alive and row.started_at else "-"
+    health = row.health or "-"
+    cells = [
+        Text(row.name, style="bold"),
+        Text(row.role),
+        Text(state_text, style=STATE_STYLES[row.state]),
+        Text(str(row.pid) if row.pid and alive else "-"),
+        Text(uptime),
+        Text(str(row.restarts), style="bold magenta" if row.restarts else ""),
+        Text(
+            health, style="bold red" if health == "failing" else "green" if health == "ok" else ""
+        ),
+        Text(str(row.port) if row.port else "-"),
+        Text(f"{row.cpu_percent:.0f}" if row.cpu_percent is not None and alive else "-"),
+        Text(format_bytes(row.rss_bytes) if alive else "-"),
+        Text(format_bytes(row.gpu_memory_bytes) if alive else "-"),
+    ]
+    if crash or health == "failing" or row.state is State.FAILED:
+        for cell in cells:
+            cell.stylize("on #5f0000")
+    return cells
+
+
+def _same(a: Text, b: Text) -> bool:
+    return a.plain == b.plain and a.style == b.style and a.spans == b.spans
+
+
+class ProcessTable(DataTable[Text]):
+    """Rows keyed by process name; updated in place so the cursor stays on its process."""
+
+    def on_mount(self) -> None:
+        self.cursor_type = "row"
+        self.zebra_stripes = True
+        for key, label in COLUMNS:
+            self.add_column(label, key=key)
+
+    def show(self, rows: list[ProcessRow], now: float) -> None:
+        """Bring the table in line with ``rows`` (adds new processes, updates changed cells)."""
+        for row in rows:
+            cells = row_cells(row, now)
+            if row.name not in self.rows:
+                self.add_row(*cells, key=row.name)
+                continue
+            for (key, _), cell in zip(COLUMNS, cells, strict=True):
+                if not _same(self.get_cell(row.name, key), cell):
+                    self.update_cell(row.name, key, cell)
+
+    @property
+    def selected(self) -> str | None:
+        """Name of the process under the cursor."""
+        if not self.row_count:
+            return None
+        key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
+        return key.value
