@@ -64,6 +64,9 @@ STATE_STYLES = {
     State.FAILED: "bold red",
 }
 
+ENDED = (State.COMPLETED, State.STOPPED, State.FAILED)
+"""States whose exit code is worth printing (later transitions repeat a stale one)."""
+
 LEVEL_STYLES = {"info": "blue", "warning": "yellow", "error": "bold red"}
 
 
@@ -117,7 +120,8 @@ class ConsoleReport:
                 self._line(f"[{style}]{event.level}[/] {escape(event.message)}")
             case MetricsRecord():
                 self.metrics.update(event.data)
-                if event.step is not None:
+                shown = any(name in event.data for name, _, _ in METRICS_SHOWN)
+                if event.step is not None and shown:
                     self.step = event.step
             case LogBatch():
                 self._logs(event)
@@ -129,7 +133,7 @@ class ConsoleReport:
         details = []
         if event.pid is not None and event.new in (State.STARTING, State.RUNNING):
             details.append(f"pid {event.pid}")
-        if event.exit_code is not None:
+        if event.exit_code is not None and event.new in ENDED:
             details.append(f"exit {event.exit_code}")
         if event.reason:
             details.append(event.reason)
@@ -149,10 +153,12 @@ class ConsoleReport:
         if self._probe_failing.get(key) == event.message:
             return
         self._probe_failing[key] = event.message
-        style = "bold red" if event.probe == "liveness" else "yellow"
-        self._line(
-            f"{event.process} [{style}]{event.probe} probe failing[/]: {escape(event.message)}"
-        )
+        if event.probe == "readiness":
+            self._line(f"[dim]{event.process} not ready yet: {escape(event.message)}[/]")
+        else:
+            self._line(
+                f"{event.process} [bold red]liveness probe failing[/]: {escape(event.message)}"
+            )
 
     def _logs(self, event: LogBatch) -> None:
         if event.dropped:
