@@ -17,7 +17,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from grpo_tui.profile import Profile, ProfileError, load_profile
-from grpo_tui.roles import Plan, build_plan, run_dir_for
+from grpo_tui.roles import Plan, build_plan
 from grpo_tui.supervisor.spec import ExecProbe, HttpProbe, LogLineProbe, ProcessSpec, TcpProbe
 
 DEFAULT_PROFILE = Path("profiles/quickstart.toml")
@@ -53,7 +53,7 @@ ModeOption = Annotated[
 
 
 def _err() -> Console:
-    return Console(stderr=True, highlight=False)
+    return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
 def _fail(error: ProfileError) -> typer.Exit:
@@ -65,17 +65,9 @@ def _fail(error: ProfileError) -> typer.Exit:
     return typer.Exit(EXIT_BAD_INPUT)
 
 
-def _load(profile: Path, mode: str | None, *, fresh_dir: bool = False) -> tuple[Profile, Plan]:
-    """Load and plan a profile; ``fresh_dir`` picks an absolute run dir that does not exist."""
+def _load(profile: Path, mode: str | None) -> tuple[Profile, Plan]:
     loaded = load_profile(profile, mode=mode)
-    run_dir = run_dir_for(loaded)
-    if fresh_dir:
-        run_dir = run_dir.resolve()
-        base, suffix = run_dir, 1
-        while run_dir.exists():
-            suffix += 1
-            run_dir = base.with_name(f"{base.name}-{suffix}")
-    return loaded, build_plan(loaded, run_dir)
+    return loaded, build_plan(loaded)
 
 
 def _default_profile(profile: Path | None) -> Path:
@@ -131,7 +123,7 @@ def run(
 ) -> None:
     """Run a profile headless: supervise until the exit_with process ends, then shut down."""
     try:
-        _, plan = _load(profile, mode, fresh_dir=True)
+        _, plan = _load(profile, mode)
     except ProfileError as error:
         raise _fail(error) from None
     from grpo_tui.headless import run_headless

@@ -69,9 +69,17 @@ BUILT = Dependency(condition=Condition.COMPLETED)
 
 
 def run_dir_for(profile: Profile, now: datetime | None = None) -> Path:
-    """``<output_dir>/<name>-<YYYYmmdd-HHMMSS>``, relative to the working directory."""
+    """A new absolute ``<output_dir>/<name>-<YYYYmmdd-HHMMSS>`` (``-2``, ``-3``... if taken).
+
+    Absolute so that every process finds it whatever its ``cwd``.
+    """
     stamp = (now or datetime.now()).strftime("%Y%m%d-%H%M%S")
-    return Path(profile.run.output_dir) / f"{profile.run.name}-{stamp}"
+    base = (Path(profile.run.output_dir) / f"{profile.run.name}-{stamp}").resolve()
+    run_dir, suffix = base, 1
+    while run_dir.exists():
+        suffix += 1
+        run_dir = base.with_name(f"{base.name}-{suffix}")
+    return run_dir
 
 
 def _wired(
