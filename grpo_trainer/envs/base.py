@@ -27,7 +27,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from transformers import PreTrainedTokenizerBase
 
 from grpo_trainer.envs.groups import Group, build_group
 from grpo_trainer.envs.inference import (
@@ -40,6 +39,7 @@ from grpo_trainer.envs.inference import (
 from grpo_trainer.envs.settings import EnvSettings
 from grpo_trainer.envs.stats import EnvStats, Reporter
 from grpo_trainer.envs.task import Prompt, Task
+from grpo_trainer.envs.tokenizer import PromptTokenizer
 
 log = logging.getLogger("grpo_trainer.envs")
 
@@ -86,7 +86,7 @@ class EnvRunner:
         task: Task,
         settings: EnvSettings,
         connection: Connection,
-        tokenizer: PreTrainedTokenizerBase,
+        tokenizer: PromptTokenizer,
         *,
         reporter: Reporter | None = None,
         status_poll: float = 0.25,
@@ -314,12 +314,8 @@ class EnvRunner:
     def encode(self, prompt: Prompt) -> list[int]:
         """Token ids of a prompt: chat template for ``messages``, plain text otherwise."""
         if prompt.messages:
-            text = self.tokenizer.apply_chat_template(
-                list(prompt.messages), add_generation_prompt=True, tokenize=False
-            )
-        else:
-            text = prompt.text
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+            return self.tokenizer.encode(self.tokenizer.render_chat(list(prompt.messages)))
+        return self.tokenizer.encode(prompt.text)
 
     def _sampling(self, n: int) -> SamplingRequest:
         return SamplingRequest(
@@ -338,7 +334,7 @@ class EnvRunner:
             if sample.truncated and truncated_score is not None:
                 scores.append(truncated_score)
                 continue
-            text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+            text = self.tokenizer.decode(sample.token_ids)
             try:
                 score = float(self.task.score(prompt, text))
             except Exception as exc:  # a user's scorer may raise anything; keep going

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from env_procs import Proc
+from env_procs import Proc, free_port, serve_argv
 
 from grpo_trainer.models import build_tiny_model
 
@@ -29,4 +29,18 @@ def spawn(tmp_path: Path) -> Iterator[Callable[[str, list[str]], Proc]]:
 
     yield start
     for proc in reversed(procs):
+        proc.stop()
+
+
+@pytest.fixture(scope="session")
+def inference(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One built-in inference server (tiny model, served as ``policy``) for the session."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    proc = Proc("serve", serve_argv(tiny_model, port), log).start()
+    try:
+        url = f"http://127.0.0.1:{port}"
+        proc.wait_http(f"{url}/health")
+        yield url
+    finally:
         proc.stop()

@@ -5,7 +5,7 @@ back-pressure pauses production until the trainer takes a batch."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,6 @@ from env_procs import (
     env_argv,
     free_port,
     last_env_metrics,
-    serve_argv,
     wait_until,
 )
 
@@ -27,20 +26,6 @@ from grpo_trainer.models import load_model, load_tokenizer
 
 TEMPERATURE = 0.7
 GROUP = 8
-
-
-@pytest.fixture(scope="module")
-def inference(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """One built-in inference server for the module."""
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    proc = Proc("serve", serve_argv(tiny_model, port), log).start()
-    try:
-        url = f"http://127.0.0.1:{port}"
-        proc.wait_http(f"{url}/health")
-        yield url
-    finally:
-        proc.stop()
 
 
 def start_api(spawn: Callable[[str, list[str]], Proc], tmp_path: Path, *extra: str) -> str:

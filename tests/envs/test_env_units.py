@@ -1,0 +1,135 @@
+"""In-process pieces of the environment runner: alignment, answer validation, the torch-free
+tokenizer, the settings <-> command line round trip, and the toy reward."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+
+from grpo_trainer.envs.cli import parse
+from grpo_trainer.envs.groups import build_group
+from grpo_trainer.envs.inference import BadCompletion, Sample, parse_samples
+from grpo_trainer.envs.settings import EnvSettings
+from grpo_trainer.envs.task import Prompt
+from grpo_trainer.envs.tokenizer import FastTokenizer
+from grpo_trainer.envs.toy import RepeatDigit
+
+
+def test_group_alignment_position_by_position() -> None:
+    samples = [Sample([7, 8], [-0.5, -0.25], "length"), Sample([9], [-1.5], "stop")]
+    group = build_group([1, 2, 3], samples, [1, 0], temperature=0.9, policy_version=4)
+    assert group.tokens == [[1, 2, 3, 7, 8], [1, 2, 3, 9]]
+    assert group.masks == [[-100, -100, -100, 7, 8], [-100, -100, -100, 9]]
+    assert group.inference_logprobs == [[1.0, 1.0, 1.0, -0.5, -0.25], [1.0, 1.0, 1.0, -1.5]]
+    assert group.payload(3) == {
+        "tokens": group.tokens,
+        "masks": group.masks,
+        "scores": [1.0, 0.0],
+        "inference_logprobs": group.inference_logprobs,
+        "generation_params": {"temperature": 0.9},
+        "policy_version": 4,
+        "env_id": 3,
+    }
+    assert not group.equal_scores and group.longest == 5
+
+
+def _answer(choices: list[dict]) -> bytes:
+    return json.dumps({"choices": choices}).encode()
+
+
+def _choice(index: int, ids: list[int], logprobs: list) -> dict:
+    return {"index": index, "token_ids": ids, "logprobs": {"token_logprobs": logprobs},
+            "finish_reason": "length"}  # fmt: skip
+
+
+def test_parse_samples_orders_by_index() -> None:
+    samples = parse_samples(_answer([_choice(1, [5], [-1.0]), _choice(0, [4], [-2.0])]), 2)
+    assert [s.token_ids for s in samples] == [[4], [5]]
+    assert samples[0].truncated
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"<html>oops</html>", "malformed"),
+        (_answer([_choice(0, [4], [-1.0])]), "asked for 2 completions, got 1"),
+        (_answer([{"index": 0, "logprobs": {"token_logprobs": [-1.0]}}] * 2), "no token_ids"),
+        (_answer([_choice(0, [4, 5], [-1.0])] * 2), "1 logprobs for 2 tokens"),
+        (_answer([_choice(0, [4], [None])] * 2), "logprob None"),
+        (_answer([_choice(0, [4], [0.5])] * 2), "logprob 0.5"),
+        (_answer([_choice(0, [], [])] * 2), "empty completion"),
+        (_answer([{"index": 0, "token_ids": [4]}] * 2), "no logprobs"),
+    ],
+)
+def test_parse_samples_rejects_garbage_with_reason(content: bytes, reason: str) -> None:
+    with pytest.raises(BadCompletion, match=reason):
+        parse_samples(content, 2)
+
+
+def test_fast_tokenizer_matches_transformers(tiny_model: Path) -> None:
+    from grpo_trainer.models import load_tokenizer
+
+    fast = FastTokenizer.from_dir(tiny_model)
+    reference = load_tokenizer(tiny_model)
+    for text in ["repeat 7:", "abc 123\nxyz:", " two  spaces\n\n"]:
+        assert fast.encode(text) == reference.encode(text, add_special_tokens=False)
+    ids = [*reference.encode("ab 3", add_special_tokens=False), reference.eos_token_id]
+    assert fast.decode(ids) == reference.decode(ids, skip_special_tokens=True) == "ab 3"
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2"}]
+    assert fast.render_chat(messages) == reference.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False
+    )
+
+
+def test_settings_command_round_trips_through_the_cli(tmp_path: Path) -> None:
+    data = tmp_path / "d.jsonl"
+    data.write_text("{}\n")
+    settings = EnvSettings(
+        name="math",
+        task="gsm8k", group_size=4, seed=9, max_tokens=300, temperature=0.8, eval_every=5,
+        eval_k=4, data_file=data, weight=2.0, min_batch_allocation=0.25, max_concurrency=3,
+    )  # fmt: skip
+    argv = settings.command(
+        api_url="http://127.0.0.1:8000", inference_url="http://127.0.0.1:9001",
+        tokenizer="/m", api_token="secret",
+    )  # fmt: skip
+    assert argv[:3] == [sys.executable, "-m", "grpo_trainer.envs.gsm8k"]
+    from grpo_trainer.envs.gsm8k import Gsm8k
+
+    parsed, connection, tokenizer = parse(argv[3:], Gsm8k)
+    assert parsed == settings
+    assert (connection.api_url, connection.api_token, tokenizer) == (
+        "http://127.0.0.1:8000", "secret", "/m"
+    )  # fmt: skip
+
+
+def test_user_task_command_uses_the_generic_runner() -> None:
+    settings = EnvSettings(task="my_tasks.reverse:Reverse")
+    argv = settings.command(api_url="a", inference_url="b", tokenizer="t")
+    assert argv[2:5] == ["grpo_trainer.envs", "--task", "my_tasks.reverse:Reverse"]
+    assert settings.registered_name == "Reverse"
+
+
+def test_bad_settings_exit_2_naming_the_flag(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        parse(["--api-url", "a", "--inference-url", "b", "--tokenizer", "t",
+               "--group-size", "1"], RepeatDigit)  # fmt: skip
+    assert exc.value.code == 2
+    assert "--group-size" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="neither a built-in task"):
+        EnvSettings(task="not a task")
+
+
+def test_toy_reward_gives_partial_credit() -> None:
+    task = RepeatDigit()
+    prompt = Prompt(text="repeat 7:", answer="7")
+    assert task.score(prompt, "777777") == 1.0
+    assert task.score(prompt, "77a7") == pytest.approx(3 / 6)
+    assert task.score(prompt, "7777777777") == 1.0
+    assert task.score(prompt, "") == 0.0
+    assert math.isclose(task.score(prompt, "x7"), 1 / 6)
+    assert [p.answer for p in task.eval_prompts(32)] == list("0123456789")
