@@ -23,6 +23,7 @@ from grpo_tui.supervisor.spec import ExecProbe, HttpProbe, LogLineProbe, Process
 DEFAULT_PROFILE = Path("profiles/quickstart.toml")
 EXIT_BAD_INPUT = 2
 DEFAULT_COMMAND = "tui"
+SECRET_FLAGS = ("--token", "--api-token")
 
 
 class DefaultToTui(TyperGroup):
@@ -107,7 +108,7 @@ def check(
         loaded, plan = _load(profile, mode)
     except ProfileError as error:
         raise _fail(error) from None
-    print_plan(Console(highlight=False), loaded, plan)
+    print_plan(Console(highlight=False, soft_wrap=True), loaded, plan)
 
 
 @app.command()
@@ -160,6 +161,14 @@ def describe_probe(probe: HttpProbe | TcpProbe | ExecProbe | LogLineProbe | None
     return f"{what} every {probe.period:g}s"
 
 
+def _masked(command: list[str]) -> list[str]:
+    """The command with secret flag values replaced, for printing."""
+    return [
+        "***" if i > 0 and command[i - 1] in SECRET_FLAGS else part
+        for i, part in enumerate(command)
+    ]
+
+
 def _describe_spec(index: int, spec: ProcessSpec) -> list[str]:
     deps = ", ".join(f"{name} ({dep.condition.value})" for name, dep in spec.depends_on.items())
     restart = spec.restart
@@ -169,7 +178,7 @@ def _describe_spec(index: int, spec: ProcessSpec) -> list[str]:
         policy += f"{restart.backoff_factor:g} cap {restart.backoff_cap:g}s)"
     lines = [
         f"{index}. {spec.name} [{spec.role}]",
-        f"   command:    {shlex.join(spec.command)}",
+        f"   command:    {shlex.join(_masked(spec.command))}",
         f"   depends_on: {deps or '-'}",
         f"   readiness:  {describe_probe(spec.readiness)}",
     ]
@@ -178,7 +187,8 @@ def _describe_spec(index: int, spec: ProcessSpec) -> list[str]:
     if spec.port is not None:
         lines.append(f"   port:       {spec.port}")
     if spec.env:
-        lines.append(f"   env:        {' '.join(f'{k}={v}' for k, v in spec.env.items())}")
+        shown = {k: "***" if "TOKEN" in k or "SECRET" in k else v for k, v in spec.env.items()}
+        lines.append(f"   env:        {' '.join(f'{k}={v}' for k, v in shown.items())}")
     if spec.cwd:
         lines.append(f"   cwd:        {spec.cwd}")
     lines.append(f"   restart:    {policy}")

@@ -19,7 +19,7 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from grpo_trainer.api.settings import ApiSettings
+from grpo_trainer.api.settings import TOKEN_ENV, ApiSettings
 from grpo_trainer.envs.settings import EnvSettings
 from grpo_trainer.serve.settings import LORA_MODES, InferenceSettings, inference_command
 from grpo_trainer.train.config import TrainerConfig
@@ -252,7 +252,8 @@ class RoleLayer:
         return ProcessSpec(
             name="api",
             role="api",
-            command=api.argv(run_dir=self.run_dir),
+            command=api.model_copy(update={"token": None}).argv(run_dir=self.run_dir),
+            env=self._token_env(),
             port=api.port,
             readiness=HttpProbe(url=api.health_url, period=0.2, timeout=2.0),
             liveness=HttpProbe(
@@ -305,7 +306,6 @@ class RoleLayer:
         env = self._require(self.envs[index])
         api = self.api or ApiSettings()
         inference = self.inference or InferenceSettings()
-        token = api.token.get_secret_value() if api.token is not None else None
         depends = self._model_deps()
         depends.update({r: HEALTHY for r in ("api", "inference", "trainer") if r in self.roles})
         return ProcessSpec(
@@ -315,13 +315,19 @@ class RoleLayer:
                 api_url=api.url,
                 inference_url=inference.base_url,
                 tokenizer=self.model_path,
-                api_token=token,
             ),
+            env=self._token_env(),
             depends_on=depends,
             readiness=LogLineProbe(pattern=ENV_READY, period=0.2),
             restart=RestartPolicy(policy="on_failure", backoff_base=1.0, max_restarts=5),
             shutdown=Shutdown(timeout=10),
         )
+
+    def _token_env(self) -> dict[str, str]:
+        """The API token as an environment variable: kept out of ``ps`` and of the plan."""
+        if self.api is None or self.api.token is None:
+            return {}
+        return {TOKEN_ENV: self.api.token.get_secret_value()}
 
     @staticmethod
     def _require(settings: ValueT | None) -> ValueT:

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
+from typer.testing import CliRunner
 
+from grpo_tui.cli import app
 from grpo_tui.profile import load_profile
 from grpo_tui.roles import Plan, build_plan
 from grpo_tui.supervisor.spec import Condition, HttpProbe, LogLineProbe
@@ -104,8 +106,13 @@ def test_api_token_reaches_trainer_and_env(tmp_path: Path) -> None:
     )
     specs = {s.name: s for s in plan_for(path, tmp_path / "run").specs}
     assert flag(specs["trainer"].command, "--api-token") == "s3cret"
-    assert flag(specs["env"].command, "--api-token") == "s3cret"
-    assert flag(specs["api"].command, "--token") == "s3cret"
+    assert specs["env"].env == {"GRPO_API_TOKEN": "s3cret"}
+    assert specs["api"].env == {"GRPO_API_TOKEN": "s3cret"}
+    assert "s3cret" not in specs["api"].command + specs["env"].command
+    shown = CliRunner().invoke(app, ["check", str(path)])
+    assert shown.exit_code == 0, shown.output
+    assert "s3cret" not in shown.output
+    assert "--api-token '***'" in shown.output
 
 
 def write_checkpoint(root: Path, name: str, **state: object) -> Path:
