@@ -16,6 +16,7 @@ import uvicorn
 from pydantic import ValidationError
 
 from grpo_trainer.api.app import create_app
+from grpo_trainer.api.runner import StoreRunner
 from grpo_trainer.api.settings import MEMORY_DB, TOKEN_ENV, ApiSettings
 from grpo_trainer.api.store import Store
 
@@ -58,19 +59,19 @@ def main(argv: list[str] | None = None) -> None:
     if db != MEMORY_DB:
         Path(db).parent.mkdir(parents=True, exist_ok=True)
     store = Store(db, settings.synchronous)
-    pending = store.pending()
     logging.getLogger("grpo_trainer.api").info(
         "queue %s: %d groups pending, step %d, synchronous=%s",
         db,
-        len(pending),
-        store.current_step,
+        len(store.pending()),
+        store.current_step(),
         settings.synchronous,
     )
-    app = create_app(settings, store)
+    runner = StoreRunner(store)
+    app = create_app(settings, runner)
     try:
         uvicorn.run(app, host=settings.host, port=settings.port, log_level="info", access_log=False)
     finally:
-        store.close()
+        runner.close()
 
 
 if __name__ == "__main__":

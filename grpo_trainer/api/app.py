@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import sqlite3
 import uuid
 from typing import Any
 
@@ -19,6 +20,7 @@ from pydantic import TypeAdapter, ValidationError
 
 from grpo_trainer.api.bodies import BodyLimit
 from grpo_trainer.api.prometheus import render_metrics
+from grpo_trainer.api.runner import StoreRunner
 from grpo_trainer.api.schemas import (
     GROUP,
     GROUP_LIST,
@@ -30,7 +32,7 @@ from grpo_trainer.api.schemas import (
 )
 from grpo_trainer.api.security import TokenGuard
 from grpo_trainer.api.settings import ApiSettings
-from grpo_trainer.api.store import Store
+from grpo_trainer.api.store import Delivery
 
 log = logging.getLogger("grpo_trainer.api")
 
@@ -82,19 +84,23 @@ def _refused_groups(body: bytes) -> tuple[int | None, int]:
     return (env_id if isinstance(env_id, int) else None), max(count, 1)
 
 
-def create_app(settings: ApiSettings, store: Store) -> FastAPI:
-    """Build the ASGI app over ``store``; middleware enforces token and body limits."""
+def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
+    """Build the ASGI app over ``db``; middleware enforces token and body limits.
+
+    Each handler's database work is one function run on the store's thread, so what it
+    reads and writes is one consistent step.
+    """
     app = FastAPI(title="grpo-tui rollout API", docs_url=None, redoc_url=None)
+    store = db.store
     latest: dict[str, bytes] = {}
 
     def registration() -> dict[str, Any]:
-        reg = store.registration
+        reg = store.registration()
         if reg is None:
             raise HTTPException(409, "no trainer registered yet: the trainer must POST /register")
         return reg
 
-    def check_groups(groups: list[ScoredData], reg: dict[str, Any]) -> None:
-        known = {e.env_id for e in store.envs()}
+    def check_groups(groups: list[ScoredData], reg: dict[str, Any], known: set[int]) -> None:
         for index, group in enumerate(groups):
             where = f"group {index}: " if len(groups) > 1 else ""
             size = len(group.tokens)
@@ -118,18 +124,25 @@ def create_app(settings: ApiSettings, store: Store) -> FastAPI:
                     f"{reg['max_token_len']}",
                 )
 
+    def ingest_context() -> tuple[dict[str, Any], set[int]]:
+        return registration(), {e.env_id for e in store.envs()}
+
     async def ingest(request: Request, many: bool) -> list[ScoredData]:
-        reg = registration()
+        reg, known = await db.call(ingest_context)
         body = await request.body()
         try:
             groups = _parse(GROUP_LIST, body) if many else [_parse(GROUP, body)]
-            check_groups(groups, reg)
+            check_groups(groups, reg, known)
         except HTTPException:
-            store.count_dropped(*_refused_groups(body))
+            await db.call(store.count_dropped, *_refused_groups(body))
             raise
         payloads = [GROUP.dump_json(g) for g in groups]
         rows = [(g.env_id, len(g.tokens), p) for g, p in zip(groups, payloads, strict=True)]
-        store.add_groups(rows)
+        try:
+            await db.add_groups(rows)
+        except sqlite3.Error as exc:
+            log.error("could not store %d groups: %s", len(rows), exc)
+            raise HTTPException(503, f"queue database error, nothing stored: {exc}") from exc
         if payloads:
             latest["group"] = payloads[-1]
         return groups
@@ -144,76 +157,87 @@ def create_app(settings: ApiSettings, store: Store) -> FastAPI:
 
     @app.post("/register")
     async def register(body: Registration) -> dict[str, int]:
-        bad = [e for e in store.envs() if body.batch_size % e.group_size]
-        if bad:
-            names = ", ".join(f"{e.real_name} (group_size {e.group_size})" for e in bad)
-            raise HTTPException(
-                422, f"batch_size {body.batch_size} is not a multiple of the group size of {names}"
-            )
-        store.register_trainer(body.model_dump())
+        def write() -> None:
+            bad = [e for e in store.envs() if body.batch_size % e.group_size]
+            if bad:
+                names = ", ".join(f"{e.real_name} (group_size {e.group_size})" for e in bad)
+                raise HTTPException(
+                    422,
+                    f"batch_size {body.batch_size} is not a multiple of the group size of {names}",
+                )
+            store.register_trainer(body.model_dump())
+
+        await db.call(write)
         log.info("trainer registered: batch_size %d, step %d", body.batch_size, body.starting_step)
         return {"uuid": uuid.uuid4().int}
 
     @app.post("/register-env")
     async def register_env(body: RegisterEnv) -> dict[str, Any]:
-        reg = store.registration
-        if reg is None or not store.started:
-            return WAIT
-        if reg["batch_size"] % body.group_size:
-            raise HTTPException(
-                422,
-                f"batch_size {reg['batch_size']} (from the trainer) is not a multiple of "
-                f"group_size {body.group_size} (from {body.desired_name!r}): batches hold "
-                "whole groups, so this environment's groups could never fill one exactly",
-            )
-        if body.group_size > settings.max_group_size:
-            raise HTTPException(
-                422,
-                f"group_size {body.group_size} exceeds max_group_size {settings.max_group_size}",
-            )
-        if body.min_batch_allocation:
-            taken = sum(e.min_batch_allocation or 0 for e in store.envs() if e.connected)
-            if taken + body.min_batch_allocation > 1:
+        def write() -> dict[str, Any]:
+            reg = store.registration()
+            if reg is None or not store.started():
+                return WAIT
+            if reg["batch_size"] % body.group_size:
                 raise HTTPException(
                     422,
-                    f"min_batch_allocation {body.min_batch_allocation} plus the {taken} "
-                    "already reserved by connected environments exceeds 1",
+                    f"batch_size {reg['batch_size']} (from the trainer) is not a multiple of "
+                    f"group_size {body.group_size} (from {body.desired_name!r}): batches hold "
+                    "whole groups, so this environment's groups could never fill one exactly",
                 )
-        env = store.add_env(
-            body.desired_name,
-            body.weight,
-            body.group_size,
-            body.max_token_length,
-            body.min_batch_allocation,
-        )
-        log.info("env registered: %s (env_id %d)", env.real_name, env.env_id)
-        return {
-            "status": "success",
-            "env_id": env.env_id,
-            "wandb_name": env.real_name,
-            "checkpoint_dir": reg["checkpoint_dir"],
-            "starting_step": store.current_step,
-            "checkpoint_interval": reg["save_checkpoint_interval"],
-            "num_steps": reg["num_steps"],
-        }
+            if body.group_size > settings.max_group_size:
+                raise HTTPException(
+                    422,
+                    f"group_size {body.group_size} exceeds max_group_size "
+                    f"{settings.max_group_size}",
+                )
+            if body.min_batch_allocation:
+                taken = sum(e.min_batch_allocation or 0 for e in store.envs() if e.connected)
+                if taken + body.min_batch_allocation > 1:
+                    raise HTTPException(
+                        422,
+                        f"min_batch_allocation {body.min_batch_allocation} plus the {taken} "
+                        "already reserved by connected environments exceeds 1",
+                    )
+            env = store.add_env(
+                body.desired_name,
+                body.weight,
+                body.group_size,
+                body.max_token_length,
+                body.min_batch_allocation,
+            )
+            log.info("env registered: %s (env_id %d)", env.real_name, env.env_id)
+            return {
+                "status": "success",
+                "env_id": env.env_id,
+                "wandb_name": env.real_name,
+                "checkpoint_dir": reg["checkpoint_dir"],
+                "starting_step": store.current_step(),
+                "checkpoint_interval": reg["save_checkpoint_interval"],
+                "num_steps": reg["num_steps"],
+            }
+
+        return await db.call(write)
 
     @app.post("/disconnect-env")
     async def disconnect_env(body: EnvIdentifier) -> dict[str, str]:
-        if store.env(body.env_id) is None:
-            raise HTTPException(404, f"env_id {body.env_id} is not registered")
-        store.disconnect_env(body.env_id)
+        def write() -> None:
+            if store.env(body.env_id) is None:
+                raise HTTPException(404, f"env_id {body.env_id} is not registered")
+            store.disconnect_env(body.env_id)
+
+        await db.call(write)
         return {"status": "success"}
 
     @app.get("/info")
     async def info() -> dict[str, int]:
-        reg = store.registration
+        reg = await db.call(store.registration)
         if reg is None:
             return {"batch_size": -1, "max_token_len": -1}
         return {"batch_size": reg["batch_size"], "max_token_len": reg["max_token_len"]}
 
     @app.get("/wandb_info")
     async def wandb_info() -> dict[str, str | None]:
-        reg = store.registration or {}
+        reg = await db.call(store.registration) or {}
         return {
             "group": reg.get("wandb_group"),
             "project": reg.get("wandb_project"),
@@ -234,15 +258,21 @@ def create_app(settings: ApiSettings, store: Store) -> FastAPI:
     async def batch(
         lease: float | None = Query(None, gt=0, description="seconds to hold the batch"),
     ) -> Response:
-        reg = registration()
         if lease is not None and lease > settings.max_lease_seconds:
             raise HTTPException(
                 422, f"lease {lease} s exceeds max_lease_seconds {settings.max_lease_seconds}"
             )
-        store.mark_started()
-        delivery = store.take_batch(reg["batch_size"], lease)
+
+        def take() -> Delivery | None:
+            reg = registration()
+            store.mark_started()
+            return store.take_batch(reg["batch_size"], lease)
+
+        delivery = await db.call(take)
         if delivery is None:
             return Response(b'{"batch":null}', media_type="application/json")
+        if delivery.batch_id is None:
+            db.purge_soon()
         parts = [b'{"batch":[', b",".join(delivery.payloads), b"]"]
         if delivery.batch_id is not None:
             parts.append(f',"batch_id":"{delivery.batch_id}"'.encode())
@@ -251,55 +281,63 @@ def create_app(settings: ApiSettings, store: Store) -> FastAPI:
 
     @app.post("/batch/ack")
     async def ack(body: Ack) -> dict[str, Any]:
-        outcome = store.ack(body.batch_id)
+        outcome, step = await db.call(lambda: (store.ack(body.batch_id), store.current_step()))
         if outcome == "unknown":
             raise HTTPException(404, f"batch_id {body.batch_id!r} is not leased (acked already?)")
         if outcome == "expired":
             raise HTTPException(
                 409, f"lease of batch {body.batch_id!r} expired; its groups went back to the queue"
             )
-        return {"status": "success", "current_step": store.current_step}
+        db.purge_soon()
+        return {"status": "success", "current_step": step}
 
     @app.get("/status")
     async def status() -> dict[str, int]:
-        store.expire_leases()
-        pending = store.pending()
-        return {
-            "current_step": store.current_step,
-            "queue_size": len(pending),
-            "queue_sequences": sum(p.size for p in pending),
-            "leased_batches": store.leased_batches(),
-        }
+        def read() -> dict[str, int]:
+            store.expire_leases()
+            pending = store.pending()
+            return {
+                "current_step": store.current_step(),
+                "queue_size": len(pending),
+                "queue_sequences": sum(p.size for p in pending),
+                "leased_batches": store.leased_batches(),
+            }
+
+        return await db.call(read)
 
     @app.get("/status-env")
     async def status_env(request: Request, env_id: int | None = None) -> dict[str, Any]:
         if env_id is None:
             env_id = _parse(TypeAdapter(EnvIdentifier), await request.body()).env_id
-        env = store.env(env_id)
-        if env is None:
-            raise HTTPException(404, f"env_id {env_id} is not registered")
-        store.expire_leases()
-        envs = store.envs()
-        pending = store.pending()
-        reg = store.registration or {}
-        batch_size = reg.get("batch_size", 0)
-        total_weight = sum(e.max_token_length * max(0.0, e.weight) for e in envs if e.connected)
-        share = env.max_token_length * env.weight / total_weight if total_weight else 1.0
-        reserved = sum(e.min_batch_allocation or 0 for e in envs if e.connected)
-        queued = sum(p.size for p in pending)
-        own = sum(p.size for p in pending if p.env_id == env_id)
-        queued_batches = queued / batch_size if batch_size else 0.0
-        return {
-            "current_step": store.current_step,
-            "queue_size": queued // env.group_size,
-            "unallocated_fraction": 1.0 - min(reserved, 1.0),
-            "self_queue_size": own // env.group_size,
-            "max_group_size": max((p.size for p in pending), default=1),
-            "env_weight": max(0.01, share),
-            "queued_batches": queued_batches,
-            "max_batches_offpolicy": settings.max_batches_offpolicy,
-            "pause": queued_batches >= settings.max_batches_offpolicy,
-        }
+
+        def read(env_id: int) -> dict[str, Any]:
+            env = store.env(env_id)
+            if env is None:
+                raise HTTPException(404, f"env_id {env_id} is not registered")
+            store.expire_leases()
+            envs = store.envs()
+            pending = store.pending()
+            reg = store.registration() or {}
+            batch_size = reg.get("batch_size", 0)
+            total_weight = sum(e.max_token_length * max(0.0, e.weight) for e in envs if e.connected)
+            share = env.max_token_length * env.weight / total_weight if total_weight else 1.0
+            reserved = sum(e.min_batch_allocation or 0 for e in envs if e.connected)
+            queued = sum(p.size for p in pending)
+            own = sum(p.size for p in pending if p.env_id == env_id)
+            queued_batches = queued / batch_size if batch_size else 0.0
+            return {
+                "current_step": store.current_step(),
+                "queue_size": queued // env.group_size,
+                "unallocated_fraction": 1.0 - min(reserved, 1.0),
+                "self_queue_size": own // env.group_size,
+                "max_group_size": max((p.size for p in pending), default=1),
+                "env_weight": max(0.01, share),
+                "queued_batches": queued_batches,
+                "max_batches_offpolicy": settings.max_batches_offpolicy,
+                "pause": queued_batches >= settings.max_batches_offpolicy,
+            }
+
+        return await db.call(read, env_id)
 
     @app.get("/latest_example")
     async def latest_example() -> Response:
@@ -309,15 +347,19 @@ def create_app(settings: ApiSettings, store: Store) -> FastAPI:
 
     @app.get("/reset_data")
     async def reset_data() -> PlainTextResponse:
-        dropped = store.reset()
+        dropped = await db.call(store.reset)
         latest.clear()
         log.warning("reset: queue, envs, registration and step cleared (%d groups)", dropped)
         return PlainTextResponse("Reset successful")
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        store.expire_leases()
-        return PlainTextResponse(render_metrics(store), media_type="text/plain; version=0.0.4")
+        def read() -> str:
+            store.expire_leases()
+            return render_metrics(store)
+
+        text = await db.call(read)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
     # add_middleware wraps: the last added runs first (CORS, then token, then body).
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

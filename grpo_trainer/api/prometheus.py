@@ -32,7 +32,7 @@ def render_metrics(store: Store) -> str:
         f"grpo_api_leased_batches {store.leased_batches()}",
         "# HELP grpo_api_current_step Trainer step (advances on delivery or ack).",
         "# TYPE grpo_api_current_step gauge",
-        f"grpo_api_current_step {store.current_step}",
+        f"grpo_api_current_step {store.current_step()}",
     ]
     groups: dict[str, int] = {}
     sequences: dict[str, int] = {}

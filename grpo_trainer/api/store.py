@@ -5,13 +5,18 @@ registered environments, every queued group (as the JSON it is served as), the l
 batches and per-environment counters. Each API call is one transaction, committed before
 the answer goes out, so a group answered ``{"status": "received"}`` survives ``kill -9``.
 
+Queued groups are two rows: a small one in ``groups`` (position, origin, size, lease) that
+batching scans and leases update, and the served JSON in ``payloads``. A group is consumed
+when its ``groups`` row is deleted; its payload row is purged afterwards, off the latency
+path (``purge``), and any payload left without a group is purged at startup.
+
 Fsync policy (``synchronous``): ``full`` (default) fsyncs the WAL on every commit, so an
 acknowledged group also survives power loss or a kernel crash. ``normal`` skips that fsync:
 still safe against a killed or crashed API process (the WAL is in the OS page cache), but
 the last transactions can vanish on power loss. ``benchmarks/api.py`` measures both.
 
-The store is used from one thread (the server's event loop), which makes every state
-change atomic without locks.
+The store is used from one thread at a time (``StoreRunner``'s worker), which makes every
+state change atomic without locks.
 """
 
 from __future__ import annotations
@@ -43,9 +48,9 @@ CREATE TABLE IF NOT EXISTS groups (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     env_id INTEGER,
     size INTEGER NOT NULL,
-    batch_id TEXT,
-    payload BLOB NOT NULL
+    batch_id TEXT
 );
+CREATE TABLE IF NOT EXISTS payloads (seq INTEGER PRIMARY KEY, body BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS groups_batch ON groups (batch_id);
 CREATE TABLE IF NOT EXISTS leases (
     batch_id TEXT PRIMARY KEY,
@@ -95,6 +100,7 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self.db.executescript(SCHEMA)
+        self.purge()
 
     def close(self) -> None:
         self.db.close()
@@ -123,15 +129,12 @@ class Store:
             (key, json.dumps(value)),
         )
 
-    @property
     def registration(self) -> dict[str, Any] | None:
         return self.meta("registration")
 
-    @property
     def current_step(self) -> int:
         return self.meta("current_step") or 0
 
-    @property
     def started(self) -> bool:
         return bool(self.meta("started"))
 
@@ -142,7 +145,7 @@ class Store:
             self._set_meta("current_step", registration["starting_step"])
 
     def mark_started(self) -> None:
-        if not self.started:
+        if not self.started():
             with self._transaction():
                 self._set_meta("started", True)
 
@@ -150,7 +153,7 @@ class Store:
         """Forget everything (queue, envs, registration, step); returns groups dropped."""
         with self._transaction():
             dropped = self.db.execute("SELECT COUNT(*) FROM groups").fetchone()[0]
-            for table in ("meta", "envs", "groups", "leases", "counters"):
+            for table in ("meta", "envs", "groups", "payloads", "leases", "counters"):
                 self.db.execute(f"DELETE FROM {table}")
         return dropped
 
@@ -216,7 +219,11 @@ class Store:
             label = NO_ENV if env_id is None else str(env_id)
             per_env[label] = per_env.get(label, 0) + 1
         with self._transaction():
-            self.db.executemany("INSERT INTO groups (env_id, size, payload) VALUES (?, ?, ?)", rows)
+            for env_id, size, body in rows:
+                seq = self.db.execute(
+                    "INSERT INTO groups (env_id, size) VALUES (?, ?)", (env_id, size)
+                ).lastrowid
+                self.db.execute("INSERT INTO payloads (seq, body) VALUES (?, ?)", (seq, body))
             self._bump("received", per_env)
         return len(rows)
 
@@ -319,7 +326,7 @@ class Store:
     def _payloads(self, seqs: Sequence[int]) -> list[bytes]:
         marks = ",".join("?" * len(seqs))
         rows = self.db.execute(
-            f"SELECT payload FROM groups WHERE seq IN ({marks}) ORDER BY seq", list(seqs)
+            f"SELECT body FROM payloads WHERE seq IN ({marks}) ORDER BY seq", list(seqs)
         ).fetchall()
         return [row[0] for row in rows]
 
@@ -334,4 +341,11 @@ class Store:
             per_env[label] = per_env.get(label, 0) + 1
         self.db.execute(f"DELETE FROM groups WHERE seq IN ({marks})", list(seqs))
         self._bump("served", per_env)
-        self._set_meta("current_step", self.current_step + 1)
+        self._set_meta("current_step", self.current_step() + 1)
+
+    def purge(self) -> int:
+        """Delete payloads of consumed groups (kept out of the delivery transaction)."""
+        with self._transaction():
+            return self.db.execute(
+                "DELETE FROM payloads WHERE seq NOT IN (SELECT seq FROM groups)"
+            ).rowcount

@@ -1,0 +1,77 @@
+"""Runs the store off the event loop, one call at a time, with group commit for ingest.
+
+Every database call goes to one worker thread, in arrival order: state changes stay
+atomic without locks, and the event loop keeps parsing and validating other requests
+while SQLite writes and fsyncs (the sqlite3 module releases the GIL while it works).
+
+Group commit: groups posted while a commit is in flight wait together and go into the
+next transaction, so N concurrent posts cost one fsync, not N. Each poster still gets its
+answer only after the transaction holding its group has committed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from grpo_trainer.api.store import Store
+
+T = TypeVar("T")
+Row = tuple[int | None, int, bytes]
+
+
+class StoreRunner:
+    """The only way the app touches ``store``."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="store")
+        self._waiting: list[tuple[list[Row], asyncio.Future[None]]] = []
+        self._committing = False
+        self._purge_due = False
+
+    async def call(self, fn: Callable[..., T], *args: object) -> T:
+        """Run ``fn(*args)`` on the store's thread and return its result."""
+        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    async def add_groups(self, rows: list[Row]) -> None:
+        """Queue ``rows``; returns once they are committed (sharing the commit with others)."""
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((rows, done))
+        if not self._committing:
+            self._committing = True
+            asyncio.get_running_loop().create_task(self._commit_waiting())
+        await done
+
+    async def _commit_waiting(self) -> None:
+        try:
+            while self._waiting:
+                taken, self._waiting = self._waiting, []
+                rows = [row for part, _ in taken for row in part]
+                try:
+                    await self.call(self.store.add_groups, rows)
+                except Exception as exc:  # every waiter learns that its commit failed
+                    for _, done in taken:
+                        done.set_exception(exc)
+                    continue
+                for _, done in taken:
+                    done.set_result(None)
+        finally:
+            self._committing = False
+
+    def purge_soon(self) -> None:
+        """Delete consumed payloads after the current answer (coalesced)."""
+        if self._purge_due:
+            return
+        self._purge_due = True
+        asyncio.get_running_loop().create_task(self._purge())
+
+    async def _purge(self) -> None:
+        self._purge_due = False
+        await self.call(self.store.purge)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+        self.store.close()
