@@ -90,12 +90,12 @@ def tui(
     """Open the dashboard on a profile (the default command)."""
     path = _default_profile(profile)
     try:
-        _load(path, mode)
+        loaded, _ = _load(path, mode)
     except ProfileError as error:
         raise _fail(error) from None
     from grpo_tui.app import run_app
 
-    raise typer.Exit(run_app(path, mode=mode) or 0)
+    raise typer.Exit(run_app(loaded, mode=mode) or 0)
 
 
 @app.command()
