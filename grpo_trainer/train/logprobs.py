@@ -25,6 +25,11 @@ class TokenLogprobs:
     entropy: Tensor | None
 
 
+def _compute_dtype(tensor: Tensor) -> torch.dtype:
+    """At least float32: bf16/fp16 logits are upcast per chunk, float64 stays float64."""
+    return torch.promote_types(tensor.dtype, torch.float32)
+
+
 class ChunkedTokenLogprobs(torch.autograd.Function):
     """``log_softmax(h @ W.T / T)[label]`` and entropy, chunk by chunk, recomputed in backward.
 
@@ -44,11 +49,12 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         chunk_size: int,
     ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
-        logp = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        entropy = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        compute = _compute_dtype(hidden)
+        logp = torch.empty(n, dtype=compute, device=hidden.device)
+        entropy = torch.empty(n, dtype=compute, device=hidden.device)
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
-            z = (hidden[start:end] @ weight.T).float() * inv_temp[start:end, None]
+            z = (hidden[start:end] @ weight.T).to(compute) * inv_temp[start:end, None]
             lse = torch.logsumexp(z, dim=-1)
             logp[start:end] = z.gather(1, labels[start:end, None]).squeeze(1) - lse
             p = torch.exp(z - lse[:, None])
@@ -64,8 +70,9 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     ) -> tuple[Tensor | None, ...]:
         hidden, weight, labels, inv_temp = ctx.saved_tensors
         grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        compute = _compute_dtype(hidden)
         grad_weight = (
-            torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
+            torch.zeros(weight.shape, dtype=compute, device=weight.device)
             if ctx.needs_input_grad[1]
             else None
         )
@@ -73,7 +80,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
             end = min(start + ctx.chunk_size, hidden.shape[0])
             h = hidden[start:end]
             s = inv_temp[start:end, None]
-            z = (h @ weight.T).float() * s
+            z = (h @ weight.T).to(compute) * s
             p = torch.softmax(z, dim=-1)
             grad_z = torch.zeros_like(z)
             if grad_logp is not None:
@@ -86,7 +93,7 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
             if grad_hidden is not None:
                 grad_hidden[start:end] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
             if grad_weight is not None:
-                grad_weight += grad_logits.T @ h.float()
+                grad_weight += grad_logits.T @ h.to(compute)
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None
@@ -120,7 +127,11 @@ def chunked_token_logprobs(
     batch, length = input_ids.shape
     flat_hidden = hidden[:, :-1].reshape(-1, hidden.shape[-1])
     labels = input_ids[:, 1:].reshape(-1)
-    inv_temp = (1.0 / temperatures.float())[:, None].expand(batch, length - 1).reshape(-1)
+    inv_temp = (
+        (1.0 / temperatures.to(_compute_dtype(hidden)))[:, None]
+        .expand(batch, length - 1)
+        .reshape(-1)
+    )
     logp, entropy = ChunkedTokenLogprobs.apply(
         flat_hidden, output_projection(model), labels, inv_temp.contiguous(), chunk_size
     )
@@ -138,7 +149,10 @@ def naive_token_logprobs(
 ) -> TokenLogprobs:
     """Reference path: full float32 ``log_softmax(logits / T)`` over the vocabulary."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1]
-    logp_all = torch.log_softmax(logits.float() / temperatures.float()[:, None, None], dim=-1)
+    compute = _compute_dtype(logits)
+    logp_all = torch.log_softmax(
+        logits.to(compute) / temperatures.to(compute)[:, None, None], dim=-1
+    )
     logp = logp_all.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
     entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
     return TokenLogprobs(logp, entropy)
