@@ -356,50 +356,59 @@ class EnvRunner:
         return True
 
     async def _worker(self) -> None:
+        """Produce groups until stopped; an unexpected error costs one group, not the worker."""
         inference_backoff = Backoff()
         while not self._stop.is_set():
-            version = await self._wait_for_room()
-            if version is None:
-                return
-            prompt = self.task.sample(self.rng)
-            prompt_ids = self.encode(prompt)
             try:
-                samples = await complete(
-                    self.inference, prompt_ids, self._sampling(self.settings.group_size)
-                )
-            except InferenceUnavailable as exc:
-                if exc.status is not None:
-                    self.stats.error("inference_error", str(exc))
-                delay = inference_backoff.next()
-                log.warning("%s; retrying in %.1f s", exc, delay)
-                await self._sleep(delay)
-                continue
-            except BadCompletion as exc:
-                self.stats.error("bad_completion", str(exc))
-                continue
-            inference_backoff.reset()
-            scores = self._score(prompt, samples)
-            if scores is None:
-                continue
-            self.stats.scored(scores)
-            group = build_group(
-                prompt_ids,
-                samples,
-                scores,
-                temperature=self.settings.temperature,
-                policy_version=version,
+                if not await self._produce_one(inference_backoff):
+                    return
+            except Exception as exc:  # a bug or a surprise must not end production
+                self.stats.error("unexpected", f"{type(exc).__name__}: {exc}")
+                log.exception("unexpected error while producing a group")
+                await self._sleep(1.0)
+
+    async def _produce_one(self, inference_backoff: Backoff) -> bool:
+        """One prompt through generation, scoring and posting; False when stopping."""
+        version = await self._wait_for_room()
+        if version is None:
+            return False
+        prompt = self.task.sample(self.rng)
+        prompt_ids = self.encode(prompt)
+        try:
+            samples = await complete(
+                self.inference, prompt_ids, self._sampling(self.settings.group_size)
             )
-            if group.longest > self.max_token_len:
-                self.stats.count("groups_dropped_too_long")
-                log.info("dropped a group: %d tokens > max_token_len %d", group.longest,
-                         self.max_token_len)  # fmt: skip
-                continue
-            if group.equal_scores:
-                self.stats.count("groups_dropped_equal_scores")
-                continue
-            if not self._reserve():
-                return
-            await self._post(group)
+        except InferenceUnavailable as exc:
+            if exc.status is not None:
+                self.stats.error("inference_error", str(exc))
+            delay = inference_backoff.next()
+            log.warning("%s; retrying in %.1f s", exc, delay)
+            await self._sleep(delay)
+            return True
+        except BadCompletion as exc:
+            self.stats.error("bad_completion", str(exc))
+            return True
+        inference_backoff.reset()
+        scores = self._score(prompt, samples)
+        if scores is None:
+            return True
+        self.stats.scored(scores)
+        group = build_group(
+            prompt_ids, samples, scores, temperature=self.settings.temperature,
+            policy_version=version,
+        )  # fmt: skip
+        if group.longest > self.max_token_len:
+            self.stats.count("groups_dropped_too_long")
+            log.info("dropped a group: %d tokens > max_token_len %d", group.longest,
+                     self.max_token_len)  # fmt: skip
+            return True
+        if group.equal_scores:
+            self.stats.count("groups_dropped_equal_scores")
+            return True
+        if not self._reserve():
+            return False
+        await self._post(group)
+        return True
 
     # ---- reporting and evaluation ----------------------------------------------------
 
@@ -417,7 +426,10 @@ class EnvRunner:
         while True:
             if self.current_step >= due:
                 step = self.current_step
-                await self.evaluate(step)
+                try:
+                    await self.evaluate(step)
+                except Exception as exc:  # evaluation must never end production
+                    self.stats.error("eval_failed", f"{type(exc).__name__}: {exc}")
                 due = (step // every + 1) * every
             await asyncio.sleep(self.status_poll)
 

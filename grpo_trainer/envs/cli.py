@@ -14,7 +14,6 @@ import logging
 import os
 import signal
 import sys
-from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -24,6 +23,7 @@ from grpo_trainer.envs.base import Connection, EnvRunner, FatalEnvError
 from grpo_trainer.envs.settings import BUILTIN_TASKS, EnvSettings
 from grpo_trainer.envs.stats import Reporter
 from grpo_trainer.envs.task import Task
+from grpo_trainer.envs.tokenizer import load_prompt_tokenizer
 
 SETTINGS_FLAGS = (
     "name", "task", "model_name", "group_size", "max_concurrency", "seed", "max_tokens",
@@ -113,11 +113,7 @@ def main(task: type[Task] | None = None, argv: list[str] | None = None) -> None:
     except (OSError, ValueError) as exc:
         print(f"error: {settings.task}: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
-    from grpo_trainer.models import load_tokenizer
-
-    tokenizer = load_tokenizer(
-        Path(tokenizer_path) if Path(tokenizer_path).exists() else tokenizer_path
-    )
+    tokenizer = load_prompt_tokenizer(tokenizer_path)
     runner = EnvRunner(
         instance, settings, connection, tokenizer, reporter=Reporter(SupervisorLink.from_env())
     )
