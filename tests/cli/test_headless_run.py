@@ -76,7 +76,7 @@ def test_run_exits_0_when_exit_with_completes_and_fills_the_run_dir(tmp_path: Pa
     assert (run_dir / "logs" / "server.log").read_text().count("server ready") == 1
     assert "worker exiting with 0" in (run_dir / "logs" / "worker.log").read_text()
     records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in records] == [1, 2, 3]
+    assert [r["step"] for r in records if r["process"] == "worker"] == [1, 2, 3]
     changes = [(e["process"], e["new"]) for e in events(run_dir) if e["type"] == "StateChanged"]
     assert changes.index(("server", "ready")) < changes.index(("worker", "running"))
     assert ("worker", "completed") in changes
