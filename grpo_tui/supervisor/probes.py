@@ -15,6 +15,7 @@ import os
 import re
 import signal
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -37,12 +38,16 @@ class LogMatcher:
             self.matched.set()
 
 
-async def check(probe: Probe, client: httpx.AsyncClient) -> tuple[bool, str]:
+async def check(probe: Probe, client: asyncio.Future[httpx.AsyncClient]) -> tuple[bool, str]:
     """Run a polled probe once; (passed, short message)."""
     try:
         match probe:
+            case HttpProbe() if probe.url.startswith("http://"):
+                return await _plain_http(probe)
             case HttpProbe():
-                response = await client.get(probe.url, timeout=probe.timeout)
+                response = await (await asyncio.shield(client)).get(
+                    probe.url, timeout=probe.timeout
+                )
                 return 200 <= response.status_code < 400, f"HTTP {response.status_code}"
             case TcpProbe():
                 return await _tcp(probe)
@@ -55,6 +60,34 @@ async def check(probe: Probe, client: httpx.AsyncClient) -> tuple[bool, str]:
     except httpx.HTTPError as exc:
         return False, type(exc).__name__
     raise AssertionError(f"unknown probe {probe!r}")
+
+
+async def _plain_http(probe: HttpProbe) -> tuple[bool, str]:
+    """``GET`` over a bare asyncio connection: the common loopback ``http://`` health check
+    needs no TLS, so it need not wait for an HTTP client to load CA certificates."""
+    url = urlsplit(probe.url)
+    host, port = url.hostname or "127.0.0.1", url.port or 80
+    path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+    try:
+        async with asyncio.timeout(probe.timeout):
+            reader, writer = await asyncio.open_connection(host, port)
+            try:
+                writer.write(
+                    f"GET {path} HTTP/1.1\r\nHost: {url.netloc}\r\n"
+                    "Connection: close\r\n\r\n".encode()
+                )
+                status_line = await reader.readline()
+            finally:
+                writer.close()
+    except TimeoutError:
+        return False, f"timed out after {probe.timeout:g} s"
+    except OSError as exc:
+        return False, exc.strerror or type(exc).__name__
+    parts = status_line.split()
+    if len(parts) < 2 or not parts[1].isdigit():
+        return False, "not an HTTP response"
+    status = int(parts[1])
+    return 200 <= status < 400, f"HTTP {status}"
 
 
 async def _tcp(probe: TcpProbe) -> tuple[bool, str]:
@@ -107,7 +140,10 @@ class _Changes:
 
 
 async def wait_ready(
-    probe: Probe, client: httpx.AsyncClient, report: Report, matcher: LogMatcher | None
+    probe: Probe,
+    client: asyncio.Future[httpx.AsyncClient],
+    report: Report,
+    matcher: LogMatcher | None,
 ) -> None:
     """Return once the probe passed ``success_threshold`` times in a row."""
     await asyncio.sleep(probe.initial_delay)
@@ -127,7 +163,9 @@ async def wait_ready(
         await asyncio.sleep(probe.period)
 
 
-async def watch_liveness(probe: Probe, client: httpx.AsyncClient, report: Report) -> str:
+async def watch_liveness(
+    probe: Probe, client: asyncio.Future[httpx.AsyncClient], report: Report
+) -> str:
     """Probe forever; return the last message once ``failure_threshold`` checks failed in a row.
 
     A log-line liveness probe only asks that the line was seen once, so it never fails here.

@@ -72,6 +72,12 @@ class RunOutcome:
     reason: str
 
 
+def _http_client() -> httpx.AsyncClient:
+    """The client for https probes and metrics scrapes; built in a thread (loading CA
+    certificates takes a few hundred ms) so that nothing waits for it at start."""
+    return httpx.AsyncClient(trust_env=False)
+
+
 class ProcessFailed(RuntimeError):
     """A process failed for good while an operation waited for it to become ready."""
 
@@ -138,7 +144,7 @@ class Supervisor:
         self._lifeline: int | None = None
         self._watchdog: asyncio.subprocess.Process | None = None
         self._control: ControlServer | None = None
-        self._client: httpx.AsyncClient | None = None
+        self._client: asyncio.Future[httpx.AsyncClient] | None = None
         self._events_file: JsonlWriter | None = None
         self._metrics_file: JsonlWriter | None = None
 
@@ -294,8 +300,8 @@ class Supervisor:
         self._metrics_file = JsonlWriter(self.run_dir / "metrics.jsonl")
         for entry in self._entries.values():
             entry.sink.on_lines = self._log_dirty.set
+        self._client = asyncio.ensure_future(asyncio.to_thread(_http_client))
         await self._start_watchdog()
-        self._client = httpx.AsyncClient(trust_env=False)
         self._control = ControlServer(
             socket_path(self.run_dir, self.run_id),
             on_metrics=self._on_metrics,
@@ -305,8 +311,7 @@ class Supervisor:
         )
         await self._control.start()
         self._tasks.append(asyncio.create_task(self._batch_logs(), name="log-batcher"))
-        samplers = Samplers(self._client)
-        self._tasks.append(asyncio.create_task(self._sample(samplers), name="samplers"))
+        self._tasks.append(asyncio.create_task(self._sample(), name="samplers"))
 
     async def _close(self) -> None:
         for task in self._tasks:
@@ -318,7 +323,7 @@ class Supervisor:
         if self._control is not None:
             await self._control.close()
         if self._client is not None:
-            await self._client.aclose()
+            await (await self._client).aclose()
         await self._stop_watchdog()
         for writer in (self._events_file, self._metrics_file):
             if writer is not None:
@@ -326,6 +331,7 @@ class Supervisor:
 
     async def _start_watchdog(self) -> None:
         read_end, write_end = os.pipe()
+        errors = (self.run_dir / "logs" / "watchdog.log").open("ab")
         try:
             self._watchdog = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -338,11 +344,12 @@ class Supervisor:
                 pass_fds=(read_end,),
                 stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.DEVNULL,
-                stderr=(self.run_dir / "logs" / "watchdog.log").open("ab"),
+                stderr=errors,
                 start_new_session=True,
             )
         finally:
             os.close(read_end)
+            errors.close()
         os.set_blocking(write_end, False)
         self._lifeline = write_end
 
@@ -513,13 +520,14 @@ class Supervisor:
     async def _watch_probes(self, entry: _Entry, matcher: probes.LogMatcher | None) -> str:
         """Readiness (-> READY), then liveness; returns the liveness failure message."""
         assert self._client is not None
+        client = self._client
         spec, name = entry.spec, entry.spec.name
         if spec.readiness is not None:
 
             def ready_report(ok: bool, message: str) -> None:
                 self._publish(ProbeResult(process=name, probe="readiness", ok=ok, message=message))
 
-            await probes.wait_ready(spec.readiness, self._client, ready_report, matcher)
+            await probes.wait_ready(spec.readiness, client, ready_report, matcher)
             entry.health = "ok"
             self._set_state(entry, State.READY, reason="readiness probe passed")
         if spec.liveness is None:
@@ -530,7 +538,7 @@ class Supervisor:
             entry.health = "ok" if ok else "failing"
             self._publish(ProbeResult(process=name, probe="liveness", ok=ok, message=message))
 
-        return await probes.watch_liveness(spec.liveness, self._client, live_report)
+        return await probes.watch_liveness(spec.liveness, client, live_report)
 
     async def _stop_all(self) -> None:
         """Stop every process once all of its dependents have stopped (reverse order)."""
@@ -678,7 +686,9 @@ class Supervisor:
                 return name
         return None
 
-    async def _sample(self, samplers: Samplers) -> None:
+    async def _sample(self) -> None:
+        assert self._client is not None
+        samplers = Samplers(await asyncio.shield(self._client))
         while True:
             running = {
                 name: entry.child
