@@ -10,20 +10,21 @@ mode switches. Torch-free: ``grpo-tui check`` goes through here.
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args
 
 from pydantic import BaseModel, ValidationError
 
 from grpo_trainer.api.settings import TOKEN_ENV, ApiSettings
 from grpo_trainer.envs.settings import EnvSettings
-from grpo_trainer.serve.settings import LORA_MODES, InferenceSettings, inference_command
+from grpo_trainer.serve.settings import LORA_MODES, InferenceSettings, Mode, inference_command
 from grpo_trainer.train.config import TrainerConfig
-from grpo_trainer.train.resume import resolve_resume
+from grpo_trainer.train.resume import read_checkpoint, resolve_resume
 from grpo_tui.profile import (
     KeyPath,
     Problem,
@@ -42,6 +43,7 @@ from grpo_tui.supervisor.spec import (
     Shutdown,
 )
 
+MODES: tuple[str, ...] = get_args(Mode)
 SettingsT = TypeVar("SettingsT", bound=BaseModel)
 ValueT = TypeVar("ValueT")
 
@@ -339,16 +341,28 @@ class RoleLayer:
         """Rebuild the spec of role process ``name`` with ``args`` applied and kept.
 
         ``mode`` switches the weight-sync mode for every role; inference also takes
-        ``model`` (a full checkpoint to serve) and ``lora_path`` / ``adapter``. Without
-        an explicit model or adapter, inference serves the newest checkpoint of the mode
-        (``resolve_resume``), which is what a crash restart or a mode switch needs. Any
-        other key must be a field of the role's settings (e.g. ``lr`` for the trainer).
-        Raises ``ValueError`` naming a bad key or value; nothing is changed then.
+        ``model`` (a full checkpoint to serve) and ``lora_path`` / ``adapter`` (served on
+        the base it was trained on). Without an explicit model or adapter, inference serves
+        the newest checkpoint of the mode (``resolve_resume``), which is what a crash
+        restart or a mode switch needs. Any other key must be a field of the role's
+        settings (e.g. ``lr`` for the trainer). Raises ``ValueError`` (or pydantic's
+        ``ValidationError``) naming a bad key or value; nothing is changed then.
         """
         if name not in self.roles:
             raise ValueError(f"{name!r} is not a role process")
         args = dict(args)
         mode = args.pop("mode", self.mode)
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; modes: {', '.join(MODES)}")
+        saved = self._snapshot()
+        try:
+            self._apply(name, mode, args)
+            return self.spec(name)
+        except (ValueError, ValidationError):
+            self._restore(saved)
+            raise
+
+    def _apply(self, name: str, mode: str, args: dict[str, Any]) -> None:
         if name == "inference":
             model = args.pop("model", None)
             adapter = args.pop("lora_path", None) or args.pop("adapter", None)
@@ -356,6 +370,8 @@ class RoleLayer:
             self.mode = mode
             if model is None and adapter is None:
                 model, adapter = self._newest_checkpoint()
+            elif model is None:
+                model = adapter_base(adapter) or self.inference_model
             self.inference_model, self.adapter = model, adapter
         elif name == "trainer":
             self._apply_settings("trainer", TrainerConfig, args)
@@ -367,7 +383,21 @@ class RoleLayer:
             self._apply_settings("api", ApiSettings, args)
         elif args:
             raise ValueError(f"{name} takes no restart arguments, got {sorted(args)}")
-        return self.spec(name)
+
+    def _snapshot(self) -> dict[str, Any]:
+        return {
+            "mode": self.mode,
+            "inference_model": self.inference_model,
+            "adapter": self.adapter,
+            "api": self.api,
+            "inference": self.inference,
+            "envs": list(self.envs),
+            "_tables": {k: dict(v) for k, v in self._tables.items()},
+        }
+
+    def _restore(self, saved: Mapping[str, Any]) -> None:
+        for attribute, value in saved.items():
+            setattr(self, attribute, value)
 
     def _apply_settings(self, role: str, model: type[BaseModel], args: Mapping[str, Any]) -> None:
         if not args:
@@ -409,6 +439,23 @@ class RoleLayer:
         return point.model_path, adapter
 
 
+def adapter_base(adapter: str) -> str | None:
+    """The base model an adapter directory was trained on, if it records one.
+
+    Our checkpoints record it in ``trainer_state.json``; any PEFT adapter has
+    ``base_model_name_or_path`` in ``adapter_config.json``.
+    """
+    checkpoint = read_checkpoint(Path(adapter))
+    if checkpoint is not None and checkpoint.base:
+        return checkpoint.base
+    try:
+        config = json.loads((Path(adapter) / "adapter_config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    base = config.get("base_model_name_or_path")
+    return base if isinstance(base, str) and base else None
+
+
 @dataclass
 class Plan:
     """Everything a run needs: specs in start order, the exit process, the role layer."""
@@ -428,7 +475,9 @@ class Plan:
             raise ValueError(f"no process named {name!r}")
         if not args:
             return current
-        return ProcessSpec.model_validate({**current.model_dump(), **args})
+        spec = ProcessSpec.model_validate({**current.model_dump(), **args})
+        self.specs = [spec if s.name == name else s for s in self.specs]
+        return spec
 
 
 def build_plan(profile: Profile, run_dir: Path | None = None) -> Plan:

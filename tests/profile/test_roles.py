@@ -168,3 +168,39 @@ def test_respec_generic_process(tmp_path: Path) -> None:
     assert plan.respec("a", {"env": {"X": "1"}}).env == {"X": "1"}
     with pytest.raises(ValueError, match="no process named"):
         plan.respec("ghost", {})
+
+
+def test_adapter_restart_serves_the_adapter_on_its_own_base(tmp_path: Path) -> None:
+    plan = plan_for(QUICKSTART, tmp_path, mode="lora_restart")
+    ckpt = tmp_path / "checkpoints"
+    base = write_checkpoint(ckpt, "step_20", kind="merged")
+    recorded = write_checkpoint(ckpt, "adapter_step_25", base=str(base))
+    spec = plan.respec("inference", {"lora_path": str(recorded)})
+    assert spec.command[3] == str(base)
+    assert flag(spec.command, "--lora-modules") == f"policy={recorded}"
+
+    served = tmp_path / "served" / "adapter_step_26"  # a PEFT dir without our state file
+    served.mkdir(parents=True)
+    (served / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "b"}))
+    assert plan.respec("inference", {"lora_path": str(served)}).command[3] == "b"
+
+
+def test_bad_respec_changes_nothing(tmp_path: Path) -> None:
+    plan = plan_for(QUICKSTART, tmp_path)
+    before = plan.respec("inference", {}).command
+    with pytest.raises(ValueError, match="unknown mode"):
+        plan.respec("inference", {"mode": "turbo"})
+    with pytest.raises(ValueError, match="only served in LoRA modes"):
+        plan.respec("inference", {"lora_path": str(tmp_path / "x")})
+    with pytest.raises(ValidationError):
+        plan.respec("inference", {"port": "many"})
+    assert plan.respec("inference", {}).command == before
+    assert plan.roles.mode == "none"
+
+
+def test_generic_respec_is_kept(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text('[run]\nexit_with = "a"\n[process.a]\ncommand = ["true"]\n')
+    plan = plan_for(path, tmp_path / "run")
+    plan.respec("a", {"command": ["false"]})
+    assert plan.respec("a", {}).command == ["false"]
