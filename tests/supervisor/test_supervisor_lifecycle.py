@@ -277,3 +277,48 @@ async def test_failed_dependency_fails_its_dependents(supervise) -> None:
     outcome = await h.run_task
     assert outcome.exit_code == 1
     assert "dependency broken failed" in h.sup.status()["after"].last_reason
+
+
+async def test_switch_mode_restarts_inference_then_trainer_keeping_the_rest(supervise) -> None:
+    port = free_port()
+    calls: list[tuple[str, dict]] = []
+    trainer_code = "import os, time\nprint('ready', os.environ['MODE'], flush=True)\ntime.sleep(60)"
+
+    def build(name: str, mode: str) -> object:
+        if name == "inference":
+            return spec(
+                "inference",
+                child("listener.py", "--port", port),
+                role="inference",
+                env={"MODE": mode},
+                readiness=TcpProbe(port=port, period=0.05),
+            )
+        return spec(
+            "trainer",
+            [sys.executable, "-c", trainer_code],
+            role="trainer",
+            env={"MODE": mode},
+            depends_on={"inference": {}},
+            readiness={"kind": "log_line", "pattern": "^ready"},
+        )
+
+    def respec(name: str, args: dict) -> object:
+        calls.append((name, dict(args)))
+        return build(name, args["mode"])
+
+    keeper = spec("env", [sys.executable, "-c", "import time; time.sleep(60)"])
+    h = supervise(
+        [build("inference", "none"), build("trainer", "none"), keeper],
+        respec=respec,
+        exit_with="trainer",
+    )
+    await h.state("trainer", State.READY)
+    env_pid = h.sup.status()["env"].pid
+    await h.sup.switch_mode("lora_only")
+    assert calls == [("inference", {"mode": "lora_only"}), ("trainer", {"mode": "lora_only"})]
+    assert h.sup.recent_lines("trainer")[-1] == "ready lora_only"
+    assert h.sup.status()["env"].pid == env_pid
+    assert not h.run_task.done(), "stopping the trainer for a switch must not end the run"
+    stopped = next(e for e in h.changes("trainer") if e.new == State.STOPPED).t
+    restarted = [e for e in h.changes("inference") if e.new == State.STARTING][-1].t
+    assert restarted > stopped
