@@ -1,0 +1,90 @@
+"""The resume rule shared by the trainer and the profile layer, and checkpoint pruning."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from grpo_trainer.train.checkpoint import prune_checkpoints
+from grpo_trainer.train.resume import resolve_resume, resume_from_path
+
+
+def full(root: Path, step: int, kind: str = "full") -> Path:
+    path = root / f"step_{step}"
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"step": step, "kind": kind}))
+    return path
+
+
+def adapter(root: Path, step: int, base: str) -> Path:
+    path = root / f"adapter_step_{step}"
+    path.mkdir(parents=True)
+    (path / "trainer_state.json").write_text(json.dumps({"step": step, "base": base}))
+    return path
+
+
+def test_nothing_or_only_incomplete_checkpoints_means_fresh_start(tmp_path: Path) -> None:
+    assert resolve_resume(tmp_path / "absent", "none") is None
+    (tmp_path / "step_9").mkdir()  # no trainer_state.json: a save that never finished
+    (tmp_path / ".tmp-step_10-123").mkdir()
+    assert resolve_resume(tmp_path, "none") is None
+    assert resolve_resume(tmp_path, "lora_only") is None
+
+
+def test_lora_mode_prefers_adapter_at_or_after_latest_full(tmp_path: Path) -> None:
+    full(tmp_path, 10)
+    adapter(tmp_path, 20, base=str(tmp_path / "step_10"))
+    full(tmp_path, 20, kind="merged")
+    point = resolve_resume(tmp_path, "lora_restart")
+    assert (point.step, point.exact) == (20, True)
+    assert point.model_path == str(tmp_path / "step_10")
+    assert point.adapter_path == str(tmp_path / "adapter_step_20")
+
+
+def test_lora_mode_after_full_training_takes_full_weights_and_fresh_adapter(tmp_path: Path):
+    adapter(tmp_path, 5, base="base-model")
+    full(tmp_path, 8)
+    point = resolve_resume(tmp_path, "lora_only")
+    assert (point.model_path, point.adapter_path, point.step, point.exact) == (
+        str(tmp_path / "step_8"),
+        None,
+        8,
+        False,
+    )
+
+
+def test_full_mode_takes_latest_full_or_merges_newer_adapter(tmp_path: Path) -> None:
+    full(tmp_path, 4)
+    adapter(tmp_path, 3, base="base-model")
+    point = resolve_resume(tmp_path, "shared_vllm")
+    assert (point.model_path, point.adapter_path, point.exact) == (
+        str(tmp_path / "step_4"),
+        None,
+        True,
+    )
+    adapter(tmp_path, 6, base=str(tmp_path / "step_4"))
+    point = resolve_resume(tmp_path, "none")
+    assert point.model_path == str(tmp_path / "step_4")
+    assert point.adapter_path == str(tmp_path / "adapter_step_6")
+    assert (point.step, point.exact) == (6, False)
+    full(tmp_path, 6, kind="merged")
+    point = resolve_resume(tmp_path, "none")
+    assert (point.model_path, point.step, point.exact) == (str(tmp_path / "step_6"), 6, False)
+    assert resume_from_path(tmp_path / "step_4", "none").step == 4
+
+
+def test_prune_keeps_last_steps_and_the_bases_of_kept_adapters(tmp_path: Path) -> None:
+    full(tmp_path, 2)
+    for step in (4, 6, 8):
+        adapter(tmp_path, step, base=str(tmp_path / "step_2"))
+        full(tmp_path, step, kind="merged")
+    removed = prune_checkpoints(tmp_path, keep=2)
+    assert sorted(p.name for p in removed) == ["adapter_step_4", "step_4"]
+    assert (tmp_path / "step_2").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "adapter_step_6",
+        "adapter_step_8",
+        "step_2",
+        "step_6",
+        "step_8",
+    ]
