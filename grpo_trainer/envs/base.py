@@ -108,6 +108,9 @@ class EnvRunner:
         self.max_token_len = settings.max_token_length
         self._reserved = 0
         self._paused = False
+        self._api_up = True
+        self._inference_up = True
+        self._last_report: dict[str, float] = {}
         self._stop = asyncio.Event()
         self._registering = asyncio.Lock()
         headers = (
@@ -222,8 +225,15 @@ class EnvRunner:
         try:
             response = await self.api.request("GET", "/status-env", json={"env_id": self.env_id})
         except httpx.TransportError as exc:
-            log.debug("status-env unreachable: %r", exc)
+            if self._api_up:
+                self._api_up = False
+                log.warning("API unreachable at %s (%r); retrying with backoff",
+                            self.connection.api_url, exc)  # fmt: skip
             return None
+        if not self._api_up:
+            self._api_up = True
+        self._inference_up = True
+            log.info("API reachable again at %s", self.connection.api_url)
         if response.status_code in (400, 404, 422) and "env" in response.text:
             await self._reregister(f"/status-env answered {response.status_code}")
             return None
@@ -357,7 +367,7 @@ class EnvRunner:
 
     async def _worker(self) -> None:
         """Produce groups until stopped; an unexpected error costs one group, not the worker."""
-        inference_backoff = Backoff()
+        inference_backoff = Backoff(cap=1.0)
         while not self._stop.is_set():
             try:
                 if not await self._produce_one(inference_backoff):
@@ -381,13 +391,17 @@ class EnvRunner:
         except InferenceUnavailable as exc:
             if exc.status is not None:
                 self.stats.error("inference_error", str(exc))
-            delay = inference_backoff.next()
-            log.warning("%s; retrying in %.1f s", exc, delay)
-            await self._sleep(delay)
+            elif self._inference_up:
+                self._inference_up = False
+                log.warning("%s; retrying with backoff", exc)
+            await self._sleep(inference_backoff.next())
             return True
         except BadCompletion as exc:
             self.stats.error("bad_completion", str(exc))
             return True
+        if not self._inference_up:
+            self._inference_up = True
+            log.info("inference server reachable again at %s", self.connection.inference_url)
         inference_backoff.reset()
         scores = self._score(prompt, samples)
         if scores is None:
@@ -413,12 +427,15 @@ class EnvRunner:
     # ---- reporting and evaluation ----------------------------------------------------
 
     def _report(self) -> None:
-        self.reporter.metrics(self.current_step, self.stats.snapshot())
+        self._last_report = self.stats.snapshot()
+        self.reporter.metrics(self.current_step, self._last_report)
 
     async def _report_loop(self) -> None:
+        """Report every ``report_every`` seconds while anything changed."""
         while True:
             await asyncio.sleep(self.report_every)
-            self._report()
+            if self.stats.changed_since(self._last_report):
+                self._report()
 
     async def _eval_loop(self) -> None:
         every = self.settings.eval_every

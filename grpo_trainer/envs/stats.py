@@ -46,6 +46,12 @@ class EnvStats:
         self.error_kinds[kind] += 1
         log.warning("%s: %s", kind, reason)
 
+    def changed_since(self, report: dict[str, float]) -> bool:
+        """Whether a new report would say something ``report`` did not."""
+        if self._scores:
+            return True
+        return any(report.get(f"env/{name}") != float(self.counts[name]) for name in COUNTERS)
+
     def snapshot(self) -> dict[str, float]:
         """Metrics for one report; resets the reward window."""
         data = {f"env/{name}": float(self.counts[name]) for name in COUNTERS}
