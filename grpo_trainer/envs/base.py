@@ -232,7 +232,6 @@ class EnvRunner:
             return None
         if not self._api_up:
             self._api_up = True
-        self._inference_up = True
             log.info("API reachable again at %s", self.connection.api_url)
         if response.status_code in (400, 404, 422) and "env" in response.text:
             await self._reregister(f"/status-env answered {response.status_code}")
