@@ -12,7 +12,7 @@ answer only after the transaction holding its group has committed.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
@@ -31,6 +31,7 @@ class StoreRunner:
         self._waiting: list[tuple[list[Row], asyncio.Future[None]]] = []
         self._committing = False
         self._purge_due = False
+        self._tasks: set[asyncio.Task[None]] = set()
 
     async def call(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(*args)`` on the store's thread and return its result."""
@@ -42,7 +43,7 @@ class StoreRunner:
         self._waiting.append((rows, done))
         if not self._committing:
             self._committing = True
-            asyncio.get_running_loop().create_task(self._commit_waiting())
+            self._spawn(self._commit_waiting())
         await done
 
     async def _commit_waiting(self) -> None:
@@ -54,10 +55,12 @@ class StoreRunner:
                     await self.call(self.store.add_groups, rows)
                 except Exception as exc:  # every waiter learns that its commit failed
                     for _, done in taken:
-                        done.set_exception(exc)
+                        if not done.done():
+                            done.set_exception(exc)
                     continue
                 for _, done in taken:
-                    done.set_result(None)
+                    if not done.done():  # a cancelled poster's groups are committed anyway
+                        done.set_result(None)
         finally:
             self._committing = False
 
@@ -66,11 +69,17 @@ class StoreRunner:
         if self._purge_due:
             return
         self._purge_due = True
-        asyncio.get_running_loop().create_task(self._purge())
+        self._spawn(self._purge())
 
     async def _purge(self) -> None:
         self._purge_due = False
         await self.call(self.store.purge)
+
+    def _spawn(self, work: Coroutine[None, None, None]) -> None:
+        """Run ``work`` in the background, holding a reference until it finishes."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     def close(self) -> None:
         self._pool.shutdown(wait=True)
