@@ -49,7 +49,6 @@ ValueT = TypeVar("ValueT")
 
 TRAINER_READY = r"grpo-trainer ready"
 ENV_READY = r"grpo-env registered"
-ROLE_PROCESSES = ("model", "api", "inference", "trainer")
 
 TRAINER_WIRED = {
     "model_name": "run.model",
@@ -64,7 +63,6 @@ TRAINER_WIRED = {
 """Trainer keys the role layer derives from other tables (key -> source); not for profiles."""
 
 ENV_WIRED = {"model_name": "inference.served_model_name"}
-INFERENCE_RESTART_KEYS = ("mode", "model", "lora_path", "adapter")
 
 HEALTHY = Dependency(condition=Condition.HEALTHY)
 BUILT = Dependency(condition=Condition.COMPLETED)
