@@ -1,0 +1,53 @@
+"""Weights written for the inference server to load: ``CHECKPOINT_DIR/served/``.
+
+Kept apart from the trainer's resumable checkpoints (``step_N/``, ``adapter_step_N/``,
+which carry optimizer state): a sync writes weights only, often, and only the newest
+one or two are kept.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from torch import nn
+from transformers import PreTrainedTokenizerBase
+
+from grpo_trainer.train.checkpoint import save_weights
+
+SERVED = "served"
+
+
+def served_dir(checkpoint_dir: Path) -> Path:
+    """Where synced weights live under the run's checkpoint directory."""
+    return checkpoint_dir / SERVED
+
+
+def save_full(
+    model: nn.Module, tokenizer: PreTrainedTokenizerBase | None, checkpoint_dir: Path, step: int
+) -> Path:
+    """Full weights (LoRA merged) + tokenizer at ``served/step_N``, written atomically."""
+    return save_weights(model, tokenizer, served_dir(checkpoint_dir) / f"step_{step}")
+
+
+def save_adapter(model: nn.Module, checkpoint_dir: Path, name: str) -> Path:
+    """The peft adapter of ``model`` at ``served/NAME``, written atomically."""
+    target = served_dir(checkpoint_dir) / name
+    tmp = target.parent / f".tmp-{target.name}-{os.getpid()}"
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(tmp)
+    if target.exists():
+        shutil.rmtree(target)
+    tmp.rename(target)
+    return target
+
+
+def prune_served(checkpoint_dir: Path, keep: Path) -> None:
+    """Remove every synced artifact except ``keep`` (the one inference now serves)."""
+    root = served_dir(checkpoint_dir)
+    for path in root.iterdir():
+        if path.is_dir() and path.resolve() != keep.resolve() and not path.name.startswith("."):
+            shutil.rmtree(path)

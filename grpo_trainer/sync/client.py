@@ -1,0 +1,88 @@
+"""HTTP calls from a sync strategy to the inference server, with retry and backoff.
+
+A sync that fails because inference is down or slow is retried (exponential backoff) and
+then raised as ``SyncError`` with the reason, so training never continues silently
+against stale weights: the caller decides whether to stop or to retry at the next step.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import httpx
+
+
+class SyncError(RuntimeError):
+    """A weight sync did not complete; the server may still serve older weights."""
+
+
+class InferenceClient:
+    """Talks to one inference server (built-in or vLLM) at ``base_url``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 60.0,
+        attempts: int = 4,
+        backoff: float = 0.5,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.attempts = attempts
+        self.backoff = backoff
+        self.http = httpx.Client(base_url=self.base_url, timeout=timeout)
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+    ) -> httpx.Response:
+        """Send a request; retry transport errors and 5xx; raise ``SyncError`` at the end.
+
+        A 4xx is the server refusing the request (bad adapter, unknown name): not retried.
+        """
+        last = ""
+        for attempt in range(self.attempts):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            try:
+                response = self.http.request(method, path, json=json, params=params)
+            except httpx.HTTPError as error:
+                last = f"{type(error).__name__}: {error}"
+                continue
+            if response.status_code < 400:
+                return response
+            last = f"HTTP {response.status_code}: {response.text[:500]}"
+            if response.status_code < 500:
+                break
+        raise SyncError(f"{method} {self.base_url}{path} failed: {last}")
+
+    def post(self, path: str, json: Any = None, **params: Any) -> httpx.Response:
+        """``POST path`` with optional JSON body and query parameters."""
+        return self.call("POST", path, json=json, params=params or None)
+
+    def get(self, path: str) -> httpx.Response:
+        """``GET path``."""
+        return self.call("GET", path)
+
+    def wait_healthy(self, timeout: float) -> float:
+        """Poll ``/health`` until 200; returns the seconds waited, raises ``SyncError``."""
+        start = time.monotonic()
+        deadline = start + timeout
+        while True:
+            try:
+                if self.http.get("/health", timeout=2.0).status_code == 200:
+                    return time.monotonic() - start
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise SyncError(f"{self.base_url}/health not 200 within {timeout:.0f} s")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        """Close the connection pool."""
+        self.http.close()

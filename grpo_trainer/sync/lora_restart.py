@@ -1,0 +1,45 @@
+"""Mode ``lora_restart``: save the adapter, the supervisor restarts inference with it.
+
+For servers where runtime LoRA loading is slow or off (vLLM without eager mode loads a
+preloaded adapter much faster). The starting adapter is hot-loaded in ``attach`` (both
+LoRA modes run with runtime LoRA updating on) so the first rollouts need no restart.
+"""
+
+from __future__ import annotations
+
+import time
+
+from torch import nn
+
+from grpo_trainer.control import SupervisorLink
+from grpo_trainer.models import adapter_base
+from grpo_trainer.sync.artifacts import prune_served, save_adapter
+from grpo_trainer.sync.base import SyncContext, SyncResult
+from grpo_trainer.sync.lora_only import HotSwapSync
+from grpo_trainer.sync.restart import require_link, restart_inference
+
+
+class AdapterRestartSync(HotSwapSync):
+    """Adapter -> supervisor restart of inference with ``--lora-modules NAME=PATH``."""
+
+    mode = "lora_restart"
+
+    def __init__(
+        self,
+        context: SyncContext,
+        *,
+        link: SupervisorLink | None = None,
+        restart_timeout: float = 600.0,
+    ) -> None:
+        super().__init__(context)
+        self.link = require_link(link, self.mode)
+        self.restart_timeout = restart_timeout
+
+    def sync(self, model: nn.Module, step: int) -> SyncResult:
+        """Write ``served/adapter_step_N``; restart inference on its base with it preloaded."""
+        start = time.perf_counter()
+        path = save_adapter(model, self.context.checkpoint_dir, f"adapter_step_{step}")
+        args = {"model": adapter_base(path), "lora_path": str(path.resolve())}
+        restart_inference(self.link, self.client, args, timeout=self.restart_timeout)
+        prune_served(self.context.checkpoint_dir, keep=path)
+        return SyncResult(sync_time=time.perf_counter() - start, policy_version=step)

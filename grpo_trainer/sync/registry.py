@@ -1,0 +1,35 @@
+"""``make_strategy(mode, context)``: the one place a mode name becomes a sync object."""
+
+from __future__ import annotations
+
+from grpo_trainer.control import SupervisorLink
+from grpo_trainer.sync.base import MODES, SyncContext, WeightSync
+from grpo_trainer.sync.lora_only import HotSwapSync
+from grpo_trainer.sync.lora_restart import AdapterRestartSync
+from grpo_trainer.sync.none import RestartSync
+from grpo_trainer.sync.shared import SharedFileSync
+from grpo_trainer.sync.vllm_shared import VllmSharedSync
+
+
+def make_strategy(
+    mode: str, context: SyncContext, *, link: SupervisorLink | None = None
+) -> WeightSync:
+    """The weight-sync strategy for ``mode`` on ``context.backend``.
+
+    ``link`` is the trainer's supervisor link (restart modes; defaults to one from
+    ``GRPO_TUI_SOCKET``). Raises ``ValueError`` for an unknown mode or backend and
+    ``SyncError`` when the mode cannot run here (a restart mode without a supervisor).
+    """
+    if mode not in MODES:
+        raise ValueError(f"unknown weight-sync mode {mode!r}; choose one of {', '.join(MODES)}")
+    if context.backend not in ("builtin", "vllm"):
+        raise ValueError(f"unknown inference backend {context.backend!r}")
+    if mode == "none":
+        return RestartSync(context, link=link)
+    if mode == "lora_restart":
+        return AdapterRestartSync(context, link=link)
+    if mode == "lora_only":
+        return HotSwapSync(context)
+    if context.backend == "builtin":
+        return SharedFileSync(context)
+    return VllmSharedSync(context)

@@ -1,0 +1,50 @@
+"""Asking the supervisor to restart inference on new weights, then waiting for health.
+
+The trainer never stops processes itself: it sends a ``restart`` request on the control
+socket (docs/control-socket.md) and the supervisor restarts only its own child.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from grpo_trainer.control import ControlError, SupervisorLink
+from grpo_trainer.sync.client import InferenceClient, SyncError
+
+
+def require_link(link: SupervisorLink | None, mode: str) -> SupervisorLink:
+    """The supervisor link a restart mode needs; ``SyncError`` when none runs us."""
+    if link is None:
+        link = SupervisorLink.from_env()
+    if link is None:
+        raise SyncError(
+            f"weight-sync mode {mode!r} restarts inference through the supervisor, "
+            "but GRPO_TUI_SOCKET is not set (run under grpo-tui, or pick lora_only/shared_vllm)"
+        )
+    return link
+
+
+def restart_inference(
+    link: SupervisorLink,
+    client: InferenceClient,
+    args: dict[str, Any],
+    *,
+    timeout: float,
+    attempts: int = 3,
+    backoff: float = 1.0,
+) -> None:
+    """Restart ``inference`` with ``args`` and wait until it is healthy; retry with backoff."""
+    last = ""
+    for attempt in range(attempts):
+        if attempt:
+            link.send_event("warning", f"inference restart failed ({last}); retrying")
+            time.sleep(backoff * 2 ** (attempt - 1))
+        try:
+            link.request("restart", process="inference", args=args, timeout=timeout)
+            client.wait_healthy(timeout)
+            return
+        except (ControlError, SyncError) as error:
+            last = str(error)
+    link.send_event("error", f"inference restart failed after {attempts} attempts: {last}")
+    raise SyncError(f"inference restart with {args} failed: {last}")

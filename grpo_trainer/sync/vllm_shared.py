@@ -1,0 +1,178 @@
+"""Mode ``shared_vllm`` on vLLM: zero-copy on the same GPU, NCCL transfer across GPUs.
+
+Same GPU (the trainer's device UUID equals vLLM's): the worker extension exports CUDA
+IPC handles of vLLM's parameters; the trainer's parameters become views of them (fused
+qkv / gate_up split into HF names), so ``optimizer.step()`` writes vLLM's weights. Generation
+is paused (``wait``) around the step; a sync resets the prefix cache.
+
+Other GPUs: vLLM's native weight transfer (``/init_weight_transfer_engine`` once, then per
+sync ``/start_weight_update``, ``/update_weights`` while the trainer broadcasts over NCCL,
+``/finish_weight_update``), with generation paused during the transfer.
+Needs ``VLLM_SERVER_DEV_MODE=1`` and the worker extension: ``inference_command`` sets both.
+Tensor parallel size 1 for the zero-copy path.
+"""
+
+from __future__ import annotations
+
+import base64
+import pickle
+import socket
+import threading
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from grpo_trainer.sync.base import SyncResult
+from grpo_trainer.sync.client import SyncError
+from grpo_trainer.sync.shared import PausedUpdateSync
+from grpo_trainer.sync.vllm_names import hf_views
+
+STORAGE_DEVICE_ARG = 6
+"""Position of the device index in ``rebuild_cuda_tensor``'s arguments."""
+
+
+def _rpc(sync: PausedUpdateSync, method: str) -> Any:
+    answer = sync.client.post("/collective_rpc", json={"method": method}).json()
+    results = answer.get("results", answer)
+    if len(results) != 1:
+        raise SyncError(f"shared_vllm needs tensor parallel size 1, got {len(results)} workers")
+    return results[0]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class VllmSharedSync(PausedUpdateSync):
+    """Picks zero-copy CUDA IPC or NCCL transfer at ``attach`` from where the trainer runs."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.zero_copy = False
+        self._group: Any = None
+
+    def attach(self, model: nn.Module) -> nn.Module:
+        """Share vLLM's weights on the same GPU, else open the NCCL transfer group."""
+        if hasattr(model, "peft_config"):
+            raise SyncError("shared_vllm trains the full model; got a peft (LoRA) model")
+        device = next(model.parameters()).device
+        if device.type != "cuda":
+            raise SyncError("shared_vllm on vLLM needs the trainer on a CUDA device")
+        trainer_uuid = str(torch.cuda.get_device_properties(device).uuid)
+        self.zero_copy = _rpc(self, "grpo_device_uuid") == trainer_uuid
+        if self.zero_copy:
+            self._share(model, device)
+        else:
+            self._init_nccl(device)
+            self.sync(model, 0)
+        return model
+
+    def _share(self, model: nn.Module, device: torch.device) -> None:
+        vllm_params = {}
+        for entry in _rpc(self, "grpo_export_weights"):
+            rebuild, rebuild_args = pickle.loads(base64.b64decode(entry["handle"]))
+            rebuild_args = list(rebuild_args)
+            rebuild_args[STORAGE_DEVICE_ARG] = device.index or 0
+            vllm_params[entry["name"]] = rebuild(*rebuild_args)
+        views = hf_views(vllm_params, model.config)
+        params = dict(model.named_parameters())
+        missing = sorted(set(params) - set(views))
+        if missing:
+            raise SyncError(f"vLLM holds no tensor for {missing[:4]}")
+        for name, param in params.items():
+            view = views[name]
+            if view.shape != param.shape or view.dtype != param.dtype:
+                raise SyncError(
+                    f"{name}: vLLM has {tuple(view.shape)} {view.dtype}, "
+                    f"the trainer {tuple(param.shape)} {param.dtype} (load it in vLLM's dtype)"
+                )
+        self.before_optimizer_step()
+        try:
+            with torch.no_grad():
+                for name, param in params.items():
+                    views[name].copy_(param.data)
+                    param.data = views[name]
+            torch.cuda.synchronize(device)
+        finally:
+            self.after_optimizer_step()
+        self.client.post("/reset_prefix_cache")
+
+    def _init_nccl(self, device: torch.device) -> None:
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+        world = int(self.client.get("/get_world_size").json()["world_size"])
+        info = {
+            "master_address": "127.0.0.1",
+            "master_port": _free_port(),
+            "rank_offset": 1,
+            "world_size": world + 1,
+        }
+        failure: list[BaseException] = []
+
+        def server_side() -> None:
+            try:
+                self.client.post("/init_weight_transfer_engine", json={"init_info": info})
+            except BaseException as error:
+                failure.append(error)
+
+        worker = threading.Thread(target=server_side, daemon=True)
+        worker.start()
+        with torch.cuda.device(device):
+            self._group = NCCLWeightTransferEngine.trainer_init(info)
+        worker.join()
+        if failure:
+            raise SyncError(f"vLLM did not join the NCCL group: {failure[0]}")
+
+    def before_optimizer_step(self) -> None:
+        """Pause only when the trainer writes vLLM's memory directly."""
+        if self.zero_copy:
+            super().before_optimizer_step()
+
+    def after_optimizer_step(self) -> None:
+        """Resume after a zero-copy step."""
+        if self.zero_copy:
+            super().after_optimizer_step()
+
+    def sync(self, model: nn.Module, step: int) -> SyncResult:
+        """Zero-copy: reset the prefix cache. NCCL: broadcast every parameter to vLLM."""
+        if self.zero_copy:
+            return super().sync(model, step)
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+        start = time.perf_counter()
+        named = list(model.named_parameters())
+        update_info = {
+            "names": [name for name, _ in named],
+            "dtype_names": [str(p.dtype).removeprefix("torch.") for _, p in named],
+            "shapes": [list(p.shape) for _, p in named],
+            "packed": True,
+        }
+        failure: list[BaseException] = []
+
+        def server_side() -> None:
+            try:
+                self.client.post("/update_weights", json={"update_info": update_info})
+            except BaseException as error:
+                failure.append(error)
+
+        self.client.post("/pause", mode="wait")
+        try:
+            self.client.post("/start_weight_update", json={"is_checkpoint_format": True})
+            worker = threading.Thread(target=server_side, daemon=True)
+            worker.start()
+            with torch.no_grad():
+                NCCLWeightTransferEngine.trainer_send_weights(
+                    iter(named), {"group": self._group, "packed": True}
+                )
+            worker.join()
+            if failure:
+                raise SyncError(f"vLLM /update_weights failed: {failure[0]}")
+            self.client.post("/finish_weight_update")
+        finally:
+            self.client.post("/resume")
+        self.client.post("/reset_prefix_cache")
+        return SyncResult(sync_time=time.perf_counter() - start, policy_version=step)

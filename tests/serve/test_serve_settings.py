@@ -1,0 +1,128 @@
+"""``inference_command``: the vLLM and built-in command lines and environment for each mode."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from grpo_trainer.serve.__main__ import build_parser
+from grpo_trainer.serve.settings import (
+    VLLM_WORKER_EXTENSION,
+    InferenceSettings,
+    inference_command,
+)
+
+MODES = ("none", "lora_only", "lora_restart", "shared_vllm")
+
+
+def flag(argv: list[str], name: str) -> str:
+    return argv[argv.index(name) + 1]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_vllm_every_mode_is_plain_vllm_serve_on_loopback(mode: str) -> None:
+    settings = InferenceSettings(backend="vllm", port=9100, dtype="bfloat16")
+    launch = inference_command(settings, mode=mode, model="Qwen/Qwen3-0.6B")
+    argv = launch.argv
+    assert argv[:3] == ["vllm", "serve", "Qwen/Qwen3-0.6B"]
+    assert flag(argv, "--host") == "127.0.0.1"
+    assert flag(argv, "--port") == "9100"
+    assert flag(argv, "--dtype") == "bfloat16"
+    assert flag(argv, "--logprobs-mode") == "processed_logprobs"
+    assert "--device" not in argv
+
+
+def test_vllm_full_modes_serve_the_stable_name() -> None:
+    settings = InferenceSettings(backend="vllm")
+    launch = inference_command(settings, mode="none", model="M")
+    assert flag(launch.argv, "--served-model-name") == "policy"
+    assert "--enable-lora" not in launch.argv
+    assert launch.env == {}
+
+
+@pytest.mark.parametrize("mode", ["lora_only", "lora_restart"])
+def test_vllm_lora_modes(mode: str) -> None:
+    settings = InferenceSettings(backend="vllm", max_lora_rank=32, served_model_name="pol")
+    bare = inference_command(settings, mode=mode, model="M")
+    assert flag(bare.argv, "--served-model-name") == "pol-base"
+    assert flag(bare.argv, "--max-lora-rank") == "32"
+    assert "--enable-lora" in bare.argv
+    assert "--lora-modules" not in bare.argv
+    assert bare.env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    preloaded = inference_command(settings, mode=mode, model="M", adapter="/ck/adapter_step_3")
+    assert flag(preloaded.argv, "--lora-modules") == "pol=/ck/adapter_step_3"
+
+
+def test_vllm_shared_mode_uses_dev_mode_and_the_worker_extension() -> None:
+    settings = InferenceSettings(
+        backend="vllm",
+        gpu_memory_utilization=0.3,
+        max_model_len=2048,
+        enforce_eager=True,
+        cuda_visible_devices="1",
+        vllm_executable=["python3", "-m", "vllm.entrypoints.cli.main"],
+        extra_args=["--max-num-seqs", "64"],
+    )
+    launch = inference_command(settings, mode="shared_vllm", model="M")
+    argv = launch.argv
+    assert argv[:4] == ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]
+    assert flag(argv, "--worker-extension-cls") == VLLM_WORKER_EXTENSION
+    assert json.loads(flag(argv, "--weight-transfer-config")) == {"backend": "nccl"}
+    assert flag(argv, "--gpu-memory-utilization") == "0.3"
+    assert flag(argv, "--max-model-len") == "2048"
+    assert "--enforce-eager" in argv
+    assert argv[-2:] == ["--max-num-seqs", "64"]
+    assert launch.env == {"VLLM_SERVER_DEV_MODE": "1", "CUDA_VISIBLE_DEVICES": "1"}
+
+
+def test_worker_extension_path_names_a_real_class() -> None:
+    module, _, name = VLLM_WORKER_EXTENSION.rpartition(".")
+    code = f"import {module} as m, sys; sys.exit(0 if hasattr(m, {name!r}) else 1)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_builtin_argv_parses_with_the_servers_own_parser(mode: str) -> None:
+    settings = InferenceSettings(port=9200, device="cuda:0", max_model_len=128)
+    adapter = "/ck/a" if mode.startswith("lora") else None
+    launch = inference_command(
+        settings, mode=mode, model="/m", adapter=adapter, shared_dir="/run/shared"
+    )
+    assert launch.argv[1:3] == ["-m", "grpo_trainer.serve"]
+    args = build_parser().parse_args(launch.argv[3:])
+    assert (args.model, args.host, args.port, args.device) == ("/m", "127.0.0.1", 9200, "cuda:0")
+    assert args.max_model_len == 128
+    assert args.enable_lora == mode.startswith("lora")
+    assert args.lora_modules == ([("policy", "/ck/a")] if adapter else [])
+    assert (args.shared_weights is not None) == (mode == "shared_vllm")
+    expected = "policy-base" if mode.startswith("lora") else "policy"
+    assert args.served_model_name == expected
+
+
+def test_bad_settings_are_refused_with_the_reason() -> None:
+    with pytest.raises(ValidationError, match="backend"):
+        InferenceSettings(backend="sglang")
+    with pytest.raises(ValidationError, match="gpu_memory"):
+        InferenceSettings(gpu_memory_utilization=1.5)
+    with pytest.raises(ValidationError, match="unknown_key"):
+        InferenceSettings(unknown_key=1)
+    with pytest.raises(ValueError, match="unknown weight-sync mode"):
+        inference_command(InferenceSettings(), mode="nccl", model="M")
+    with pytest.raises(ValueError, match="only served in LoRA modes"):
+        inference_command(InferenceSettings(), mode="none", model="M", adapter="/a")
+    with pytest.raises(ValueError, match="shared_dir"):
+        inference_command(InferenceSettings(), mode="shared_vllm", model="M")
+
+
+def test_settings_module_is_torch_free() -> None:
+    code = (
+        "import sys, grpo_trainer.serve.settings; "
+        "bad = [m for m in ('torch', 'transformers') if m in sys.modules]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout

@@ -1,0 +1,123 @@
+"""Helpers for the weight-sync tests: a real server per mode, a socket supervisor, probes."""
+
+from __future__ import annotations
+
+import json
+import socket
+import socketserver
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import torch
+from torch import nn
+
+from grpo_trainer.serve.launch import ServerProcess
+from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.train.logprobs import naive_token_logprobs
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class ModeServer:
+    """The built-in server for one sync mode; ``restart`` relaunches it like the role layer."""
+
+    def __init__(self, mode: str, base_model: Path, run_dir: Path) -> None:
+        self.mode = mode
+        self.base_model = str(base_model)
+        self.run_dir = run_dir
+        self.settings = InferenceSettings(port=free_port())
+        self.process: ServerProcess | None = None
+        self.starts = 0
+
+    @property
+    def url(self) -> str:
+        return self.settings.base_url
+
+    def start(self, model: str | None = None, adapter: str | None = None) -> None:
+        launch = inference_command(
+            self.settings,
+            mode=self.mode,
+            model=model or self.base_model,
+            adapter=adapter,
+            shared_dir=str(self.run_dir / "shared_weights"),
+        )
+        self.starts += 1
+        log = self.run_dir / "logs" / f"inference-{self.starts}.log"
+        self.process = ServerProcess(launch, self.url, log)
+        self.process.start()
+
+    def restart(self, args: dict[str, Any]) -> None:
+        self.stop()
+        self.start(model=args.get("model"), adapter=args.get("lora_path"))
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+
+class SocketSupervisor:
+    """A real Unix-socket peer speaking docs/control-socket.md: answers ``restart`` requests."""
+
+    def __init__(self, path: Path, restart: Callable[[dict[str, Any]], None]) -> None:
+        self.path = path
+        self.requests: list[dict[str, Any]] = []
+        supervisor = self
+
+        class Handler(socketserver.StreamRequestHandler):
+            def handle(self) -> None:
+                for raw in self.rfile:
+                    record = json.loads(raw)
+                    if record.get("type") != "request":
+                        continue
+                    supervisor.requests.append(record)
+                    reply: dict[str, Any] = {"type": "reply", "id": record["id"], "result": {}}
+                    try:
+                        if record["action"] != "restart" or record.get("process") != "inference":
+                            raise ValueError(f"unexpected request {record}")
+                        restart(record["args"])
+                        reply |= {"ok": True, "error": None}
+                    except Exception as error:
+                        reply |= {"ok": False, "error": str(error)}
+                    self.wfile.write(json.dumps(reply).encode() + b"\n")
+                    self.wfile.flush()
+
+        self.server = socketserver.ThreadingUnixStreamServer(str(path), Handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def server_logprobs(url: str, model: str, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """The server's logprobs of ``completion`` after ``prompt`` (echo, T = 1)."""
+    body = {
+        "model": model,
+        "prompt": prompt + completion,
+        "max_tokens": 0,
+        "echo": True,
+        "logprobs": 0,
+        "temperature": 1.0,
+    }
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    values = response.json()["choices"][0]["logprobs"]["token_logprobs"]
+    return torch.tensor(values[len(prompt) :])
+
+
+def trainer_logprobs(model: nn.Module, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """The trainer's current-policy logprobs of the same tokens (log_softmax(logits / 1))."""
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        out = naive_token_logprobs(model, ids, torch.ones_like(ids), torch.ones(1)).logprobs
+    return out[0, len(prompt) - 1 :]
