@@ -115,6 +115,7 @@ class GrpoTuiApp(App[int]):
     def on_mount(self) -> None:
         if self.keymap:
             self.set_keymap(self.keymap)
+        self.install_screen(self.logs_screen, "logs")
         if self.read_only:
             self.push_screen(RunViewerScreen())
             return
@@ -146,6 +147,11 @@ class GrpoTuiApp(App[int]):
         if not self._quitting:
             severity = "information" if outcome.exit_code == 0 else "error"
             self.notify(self.state.outcome, title="run finished", severity=severity, timeout=30)
+
+    async def on_unmount(self) -> None:
+        """However the app ends, the supervised processes end with it (ordered shutdown)."""
+        if self.supervisor is not None and self.outcome is None:
+            await self.supervisor.shutdown("dashboard closed")
 
     def _copy_status(self) -> None:
         if self.supervisor is not None:
@@ -244,7 +250,7 @@ class GrpoTuiApp(App[int]):
         """Open the logs screen on ``name`` (default: the selected process)."""
         target = name or self.selected_process
         if self.screen is not self.logs_screen:
-            self.push_screen(self.logs_screen)
+            self.push_screen("logs")
         if target is not None:
             self.logs_screen.show_stream(target)
 

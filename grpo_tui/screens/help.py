@@ -8,6 +8,7 @@ from rich.table import Table
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
+from textual.keys import format_key
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
@@ -22,6 +23,11 @@ KEYMAP_HINT = (
 )
 
 
+def key_display(keys: str) -> str:
+    """``question_mark,f1`` -> ``? / f1``: how the keys look on a keyboard."""
+    return " / ".join(format_key(key.strip()) for key in keys.split(","))
+
+
 def bindings_table(title: str, bindings: list[Binding], keymap: dict[str, str]) -> Table:
     """Key, action and id of each binding that has an id, after the user's keymap."""
     table = Table(title=title, title_justify="left", expand=True, box=None, padding=(0, 2))
@@ -32,7 +38,7 @@ def bindings_table(title: str, bindings: list[Binding], keymap: dict[str, str]) 
         if binding.id is None:
             continue
         key = keymap.get(binding.id, binding.key)
-        table.add_row(key, binding.description or binding.action, binding.id)
+        table.add_row(key_display(key), binding.description or binding.action, binding.id)
     return table
 
 

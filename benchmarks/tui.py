@@ -1,0 +1,223 @@
+"""Dashboard cost under load, in a real terminal (tmux): CPU %, RSS, key-press latency.
+
+Starts ``grpo-tui``'s app in a detached tmux session over a real Supervisor running four
+children that print 20,000 lines/s in total and one child sending metrics at 10 Hz on the
+control socket. Then, for ``--seconds`` (default 30), it samples the app process's CPU %
+and RSS (psutil; the app process hosts the supervisor too, children not counted) on the
+dashboard and on the logs screen, and times key presses from ``tmux send-keys`` to the
+screen change appearing in ``tmux capture-pane``. Prints a table against the targets
+(< 30 % of one core, < 250 MB, < 100 ms) and writes the dashboard's capture-pane text to
+``--capture`` (default ``benchmarks/tui-dashboard.txt``).
+
+    python benchmarks/tui.py [--seconds 30] [--lines-per-s 20000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+
+SESSION = "grpo-tui-bench"
+DASHBOARD_MARK = "GPU GB / RSS MB"
+LOGS_MARK = "trainer  supervisor"
+PRINTER = """
+import sys, time
+rate, name = int(sys.argv[1]), sys.argv[2]
+batch = max(1, rate // 100)
+n = 0
+next_t = time.monotonic()
+while True:
+    lines = (f"{name} line {n + i} lorem ipsum dolor sit amet\\n" for i in range(batch))
+    sys.stdout.write("".join(lines))
+    sys.stdout.flush()
+    n += batch
+    next_t += batch / rate
+    time.sleep(max(0.0, next_t - time.monotonic()))
+"""
+METRICS = """
+import json, math, os, socket, time
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.connect(os.environ["GRPO_TUI_SOCKET"])
+print("grpo-trainer ready", flush=True)
+step = 0
+while True:
+    step += 1
+    data = {"loss": 1 / (1 + step / 50), "mean_ratio": 1 + 0.05 * math.sin(step / 10),
+            "clipped_fraction": 0.1, "reward/mean": min(1, step / 600), "tokens_per_s": 900.0,
+            "off_policy_lag": step % 3, "sync_time": 0.3, "training_steps": 100000,
+            "alignment/diff_abs_mean": 0.02}
+    rec = {"type": "metrics", "step": step, "t": time.time(), "data": data}
+    sock.sendall((json.dumps(rec) + "\\n").encode())
+    time.sleep(0.1)
+"""
+
+
+def app_script(workdir: Path, lines_per_s: int) -> Path:
+    """A launcher for the app over a real Supervisor with the load children."""
+    printer = workdir / "printer.py"
+    printer.write_text(PRINTER)
+    metrics = workdir / "metrics_child.py"
+    metrics.write_text(METRICS)
+    per_child = lines_per_s // 4
+    launcher = workdir / "launch.py"
+    launcher.write_text(
+        f"""
+import sys
+from pathlib import Path
+from grpo_tui.app import GrpoTuiApp
+from grpo_tui.run_state import RunState
+from grpo_tui.supervisor.spec import ProcessSpec, LogLineProbe
+from grpo_tui.supervisor.supervisor import Supervisor
+py = sys.executable
+printer = {str(printer)!r}
+specs = [
+    ProcessSpec(name=f"printer{{i}}", role="env", command=[py, printer, "{per_child}", f"p{{i}}"])
+    for i in range(4)
+]
+specs.append(ProcessSpec(name="trainer", role="trainer", command=[py, {str(metrics)!r}],
+                         readiness=LogLineProbe(pattern="grpo-trainer ready")))
+sup = Supervisor(specs, Path({str(workdir / "run")!r}))
+code = GrpoTuiApp(RunState("bench", mode="none"), supervisor=sup).run()
+sys.exit(code or 0)
+"""
+    )
+    return launcher
+
+
+def tmux(*args: str) -> str:
+    return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True).stdout
+
+
+def capture() -> str:
+    return tmux("capture-pane", "-p", "-t", SESSION)
+
+
+def wait_screen(predicate: object, timeout: float = 20.0) -> float:
+    """Seconds until ``predicate(capture())`` holds (polling every 2 ms)."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate(capture()):  # type: ignore[operator]
+            return time.monotonic() - start
+        time.sleep(0.002)
+    raise TimeoutError("screen never showed the expected change")
+
+
+def app_pid(shell_pid: int) -> int:
+    """The python process running the app (the pane's shell may exec it or fork it)."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        for proc in [psutil.Process(shell_pid), *psutil.Process(shell_pid).children(True)]:
+            if "launch.py" in " ".join(proc.cmdline()):
+                return proc.pid
+        time.sleep(0.05)
+    raise TimeoutError("app process not found")
+
+
+def sample(proc: psutil.Process, seconds: float) -> tuple[float, float]:
+    """Mean CPU % (of one core) and peak RSS (MB) over ``seconds``."""
+    proc.cpu_percent(None)
+    cpu, rss = [], []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        time.sleep(1.0)
+        cpu.append(proc.cpu_percent(None))
+        rss.append(proc.memory_info().rss / 2**20)
+    return statistics.mean(cpu), max(rss)
+
+
+def key_latency(
+    key: str, shows: str, back: str, repeats: int, *, toggle: bool = False
+) -> list[float]:
+    """Key press -> the screen shows ``shows`` (then ``back`` undoes it), in milliseconds.
+
+    ``toggle``: ``back`` makes ``shows`` disappear again (else it brings back the dashboard).
+    """
+    times = []
+    for _ in range(repeats):
+        tmux("send-keys", "-t", SESSION, key)
+        times.append(wait_screen(lambda text: shows in text) * 1000)
+        tmux("send-keys", "-t", SESSION, back)
+        if toggle:
+            times.append(wait_screen(lambda text: shows not in text) * 1000)
+        else:
+            times.append(wait_screen(lambda text: DASHBOARD_MARK in text) * 1000)
+    return times
+
+
+def latency_rows(name: str, times: list[float]) -> list[tuple[str, str, str]]:
+    return [
+        (f"{name} median", f"{statistics.median(times):.0f}", "< 100"),
+        (f"{name} max", f"{max(times):.0f}", ""),
+    ]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--lines-per-s", type=int, default=20_000)
+    parser.add_argument("--capture", type=Path, default=Path("benchmarks/tui-dashboard.txt"))
+    args = parser.parse_args()
+    if shutil.which("tmux") is None:
+        print("tmux is needed", file=sys.stderr)
+        return 2
+    workdir = Path(tempfile.mkdtemp(prefix="grpo-tui-bench-"))
+    launcher = app_script(workdir, args.lines_per_s)
+    subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
+    command = f"cd {shlex.quote(os.getcwd())} && exec {shlex.quote(sys.executable)} {launcher}"
+    tmux("new-session", "-d", "-s", SESSION, "-x", "160", "-y", "48", command)
+    try:
+        shell = int(tmux("display-message", "-p", "-t", SESSION, "#{pane_pid}").strip())
+        proc = psutil.Process(app_pid(shell))
+        wait_screen(lambda text: "printer3" in text and "loss" in text)
+        time.sleep(3)  # let the charts fill before sampling (the load is already on)
+        half = args.seconds / 2
+        dash_cpu, dash_rss = sample(proc, half)
+        args.capture.write_text(capture())
+        switch = key_latency("l", LOGS_MARK, "d", 5)
+        help_keys = key_latency("?", "grpo-tui keys", "Escape", 5, toggle=True)
+        tmux("send-keys", "-t", SESSION, "l")
+        wait_screen(lambda text: LOGS_MARK in text)
+        logs_cpu, logs_rss = sample(proc, half)
+        follow = key_latency("f", "paused", "f", 5, toggle=True)
+        tmux("send-keys", "-t", SESSION, "d")
+        wait_screen(lambda text: DASHBOARD_MARK in text)
+        quit_start = time.monotonic()
+        tmux("send-keys", "-t", SESSION, "q")
+        wait_screen(lambda text: "Quit?" in text)
+        tmux("send-keys", "-t", SESSION, "y")
+        proc.wait(timeout=30)
+        quit_s = time.monotonic() - quit_start
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", SESSION], capture_output=True)
+    rows = [
+        ("app CPU % of one core, dashboard", f"{dash_cpu:.1f}", "< 30"),
+        ("app CPU % of one core, logs screen", f"{logs_cpu:.1f}", "< 30"),
+        ("app RSS MB (peak)", f"{max(dash_rss, logs_rss):.0f}", "< 250"),
+        *latency_rows("key -> screen ms, follow/pause (f)", follow),
+        *latency_rows("key -> screen ms, help modal (?, esc)", help_keys),
+        *latency_rows("key -> screen ms, dashboard<->logs", switch),
+        ("quit -> every process stopped s", f"{quit_s:.1f}", ""),
+    ]
+    print(
+        f"load: 4 children x {args.lines_per_s // 4} lines/s + metrics at 10 Hz, "
+        f"{args.seconds:.0f} s, cores: {psutil.cpu_count()}, load avg {os.getloadavg()[0]:.1f}"
+    )
+    print(f"{'measure':<48} {'value':>8}  target")
+    for name, value, target in rows:
+        print(f"{name:<48} {value:>8}  {target}")
+    print(f"dashboard capture: {args.capture}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
