@@ -18,12 +18,12 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def spawn(tmp_path: Path) -> Iterator[Callable[[str, list[str]], Proc]]:
-    """Factory: ``spawn(name, argv)`` starts a process; every one is stopped at teardown."""
+def spawn(tmp_path: Path) -> Iterator[Callable[..., Proc]]:
+    """Factory: ``spawn(name, argv, env=None)`` starts a process; all are stopped at teardown."""
     procs: list[Proc] = []
 
-    def start(name: str, argv: list[str]) -> Proc:
-        proc = Proc(name, argv, tmp_path / f"{name}.log").start()
+    def start(name: str, argv: list[str], env: dict[str, str] | None = None) -> Proc:
+        proc = Proc(name, argv, tmp_path / f"{name}.log", env).start()
         procs.append(proc)
         return proc
 

@@ -40,16 +40,23 @@ def wait_until(condition: Callable[[], Any], deadline_s: float, what: str) -> An
 class Proc:
     """One child in its own process group, output to a log file; stopped by group."""
 
-    def __init__(self, name: str, argv: list[str], log: Path) -> None:
+    def __init__(
+        self, name: str, argv: list[str], log: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.argv = argv
         self.log = log
+        self.env = env
         self.popen: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Proc:
         with self.log.open("ab") as out:
             self.popen = subprocess.Popen(
-                self.argv, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=None if self.env is None else {**os.environ, **self.env},
             )
         return self
 
