@@ -36,11 +36,12 @@ def hf_views(vllm_params: dict[str, torch.Tensor], config: Any) -> dict[str, tor
     for name, tensor in vllm_params.items():
         fused = next((key for key in FUSED if f".{key}." in name), None)
         if fused is not None:
-            parts = torch.split(tensor, sizes[fused], dim=0)
             if sum(sizes[fused]) != tensor.shape[0]:
                 raise ValueError(f"{name} has {tensor.shape[0]} rows, expected {sizes[fused]}")
-            for part, piece in zip(FUSED[fused], parts, strict=True):
-                views[name.replace(f".{fused}.", f".{part}.")] = piece
+            start = 0
+            for part, rows in zip(FUSED[fused], sizes[fused], strict=True):
+                views[name.replace(f".{fused}.", f".{part}.")] = tensor.narrow(0, start, rows)
+                start += rows
         elif any(f"{key}." in name for key in VOCAB_ROWS):
             views[name] = tensor[:vocab]
         else:

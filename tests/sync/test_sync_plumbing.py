@@ -1,0 +1,93 @@
+"""Parts of the sync path that run without a GPU: vLLM's fused-name mapping, failures, registry."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from sync_helpers import free_port
+
+from grpo_trainer.models import build_tiny_model, load_model
+from grpo_trainer.sync.base import MODES, SyncContext
+from grpo_trainer.sync.client import InferenceClient, SyncError
+from grpo_trainer.sync.lora_only import HotSwapSync
+from grpo_trainer.sync.registry import make_strategy
+from grpo_trainer.sync.shared import SharedFileSync
+from grpo_trainer.sync.vllm_names import hf_views
+from grpo_trainer.sync.vllm_shared import VllmSharedSync
+
+PADDED_VOCAB = 64
+
+
+def vllm_layout(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's weights laid out as vLLM holds them: fused qkv / gate_up, padded vocab."""
+    params = {name: p.detach() for name, p in model.named_parameters()}
+    fused: dict[str, torch.Tensor] = {}
+    for name, tensor in params.items():
+        if ".k_proj." in name or ".v_proj." in name or ".up_proj." in name:
+            continue
+        if ".q_proj." in name:
+            parts = [name, name.replace("q_proj", "k_proj"), name.replace("q_proj", "v_proj")]
+            fused[name.replace("q_proj", "qkv_proj")] = torch.cat([params[p] for p in parts])
+        elif ".gate_proj." in name:
+            parts = [name, name.replace("gate_proj", "up_proj")]
+            fused[name.replace("gate_proj", "gate_up_proj")] = torch.cat([params[p] for p in parts])
+        elif "embed_tokens" in name:
+            pad = torch.zeros(PADDED_VOCAB - tensor.shape[0], tensor.shape[1])
+            fused[name] = torch.cat([tensor, pad])
+        else:
+            fused[name] = tensor.clone()
+    return fused
+
+
+def test_hf_views_cover_every_parameter_without_copying(tmp_path: Path) -> None:
+    model = load_model(build_tiny_model(tmp_path / "m", seed=3))
+    layout = vllm_layout(model)
+    assert any("qkv_proj" in n for n in layout) and any("gate_up_proj" in n for n in layout)
+    views = hf_views(layout, model.config)
+    params = dict(model.named_parameters())
+    assert set(views) == set(params)
+    for name, param in params.items():
+        assert torch.equal(views[name], param.detach()), name
+    qkv = next(t for n, t in layout.items() if "qkv_proj.weight" in n)
+    v_view = views[next(n for n in views if "v_proj.weight" in n)]
+    v_view.fill_(7.0)
+    assert (qkv[-v_view.shape[0] :] == 7.0).all(), "a write to the view must reach vLLM's tensor"
+
+
+def test_a_sync_against_a_dead_server_raises_with_the_reason(tmp_path: Path) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    client = InferenceClient(url, attempts=2, backoff=0.01)
+    with pytest.raises(SyncError, match="ConnectError"):
+        client.post("/resume")
+    with pytest.raises(SyncError, match="not 200 within"):
+        client.wait_healthy(0.3)
+    strategy = HotSwapSync(SyncContext(url, "policy", tmp_path, "builtin"))
+    strategy.client = client
+    with pytest.raises(SyncError, match="load_lora_adapter"):
+        strategy.load_adapter(tmp_path)
+
+
+def test_registry_picks_one_strategy_per_mode_and_backend(monkeypatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("GRPO_TUI_SOCKET", raising=False)
+    context = SyncContext("http://127.0.0.1:1", "policy", tmp_path, "builtin")
+    for mode in ("none", "lora_restart"):
+        with pytest.raises(SyncError, match="GRPO_TUI_SOCKET"):
+            make_strategy(mode, context)
+    assert isinstance(make_strategy("lora_only", context), HotSwapSync)
+    assert isinstance(make_strategy("shared_vllm", context), SharedFileSync)
+    vllm = SyncContext("http://127.0.0.1:1", "policy", tmp_path, "vllm")
+    assert isinstance(make_strategy("shared_vllm", vllm), VllmSharedSync)
+    with pytest.raises(ValueError, match="unknown weight-sync mode"):
+        make_strategy("legacy", context)
+    with pytest.raises(ValueError, match="backend"):
+        make_strategy("lora_only", SyncContext("u", "p", tmp_path, "sglang"))
+    assert set(MODES) == {"none", "lora_only", "lora_restart", "shared_vllm"}
+
+
+def test_lora_modes_refuse_a_full_model(tmp_path: Path) -> None:
+    model = load_model(build_tiny_model(tmp_path / "m", seed=3))
+    strategy = HotSwapSync(SyncContext("http://127.0.0.1:1", "policy", tmp_path, "builtin"))
+    with pytest.raises(SyncError, match="peft"):
+        strategy.attach(model)
