@@ -56,6 +56,7 @@ class Server:
     """A server process in its own process group, stopped by signalling that group."""
 
     def __init__(self, kind: ServerKind, port: int, log: Path) -> None:
+        self.name = kind.name
         self.url = f"http://127.0.0.1:{port}"
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
@@ -110,6 +111,8 @@ def group_body(tokens: int, rng: random.Random) -> bytes:
 
 
 def register(server: Server, batch_size: int, tokens: int) -> None:
+    """Start from an empty server (``/reset_data``) registered for this batch shape."""
+    server.client.get("/reset_data").raise_for_status()
     answer = server.client.post(
         "/register",
         json={
@@ -141,32 +144,24 @@ def post_all(server: Server, bodies: list[bytes], clients: int) -> float:
     return time.perf_counter() - start
 
 
-def measure_ingest(server: Server, tokens: int, groups: int, clients: int) -> float:
-    rng = random.Random(0)
-    variants = [group_body(tokens, rng) for _ in range(8)]
+def measure_ingest(server: Server, bodies: list[bytes], tokens: int, clients: int) -> float:
+    """Groups/s for posting ``bodies`` to a freshly registered server."""
     register(server, 64, tokens)
-    post_all(server, variants[:4], clients)  # warm-up
-    seconds = post_all(server, [variants[i % 8] for i in range(groups)], clients)
-    return groups / seconds
+    post_all(server, bodies[:4], clients)  # warm-up
+    return len(bodies) / post_all(server, bodies, clients)
 
 
-def measure_batch(server: Server, batch: int, tokens: int, repeats: int) -> float:
-    """Median ms for a ``GET /batch`` of ``batch`` sequences, body fully received."""
-    rng = random.Random(1)
+def measure_batch(server: Server, bodies: list[bytes], batch: int, tokens: int) -> float:
+    """Ms for one ``GET /batch`` of ``batch`` sequences, whole body received."""
     register(server, batch, tokens)
-    variants = [group_body(tokens, rng) for _ in range(4)]
-    per_batch = batch // GROUP_SIZE
-    post_all(server, [variants[i % 4] for i in range(per_batch * repeats)], clients=2)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        answer = server.client.get("/batch")
-        elapsed = time.perf_counter() - start
-        answer.raise_for_status()
-        served = sum(len(g["tokens"]) for g in answer.json()["batch"])
-        assert served == batch, f"batch of {served} sequences, wanted {batch}"
-        times.append(elapsed * 1000)
-    return statistics.median(times)
+    post_all(server, [bodies[i % len(bodies)] for i in range(batch // GROUP_SIZE)], clients=2)
+    start = time.perf_counter()
+    answer = server.client.get("/batch")
+    elapsed = time.perf_counter() - start
+    answer.raise_for_status()
+    served = sum(len(g["tokens"]) for g in answer.json()["batch"])
+    assert served == batch, f"batch of {served} sequences, wanted {batch}"
+    return elapsed * 1000
 
 
 def kinds(tmp: Path, atropos: Path | None) -> list[ServerKind]:
@@ -211,42 +206,61 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--atropos", type=Path, help="venv with atroposlib installed")
     parser.add_argument("--tokens", type=int, default=1024, help="tokens/seq for ingest")
-    parser.add_argument("--groups", type=int, default=300, help="groups posted for ingest")
+    parser.add_argument("--groups", type=int, default=150, help="groups posted per round")
     parser.add_argument("--clients", type=int, default=4, help="concurrent posting clients")
-    parser.add_argument("--repeats", type=int, default=3, help="/batch calls per shape")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")
     args = parser.parse_args()
 
-    rows: list[list[str]] = []
+    rng = random.Random(0)
+    ingest_bodies = [group_body(args.tokens, rng) for _ in range(8)]
+    shape_bodies = {t: [group_body(t, rng) for _ in range(4)] for _, t in BATCH_SHAPES}
+    ingest_bodies = [ingest_bodies[i % 8] for i in range(args.groups)]
+    results: dict[str, dict[str, list[float]]] = {}
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        for kind in kinds(tmp, args.atropos):
-            server = start(kind, tmp)
-            try:
-                ingest = measure_ingest(server, args.tokens, args.groups, args.clients)
-            finally:
+        servers = [start(kind, tmp) for kind in kinds(tmp, args.atropos)]
+        names = [s.name for s in servers]
+        try:
+            # Rounds interleave the servers so that load from other processes on a shared
+            # machine hits all of them alike; the table shows medians over rounds.
+            for round_ in range(args.rounds):
+                for server in servers:
+                    row = results.setdefault(server.name, {})
+                    rate = measure_ingest(server, ingest_bodies, args.tokens, args.clients)
+                    row.setdefault("ingest", []).append(rate)
+                    for batch, tokens in BATCH_SHAPES:
+                        ms = measure_batch(server, shape_bodies[tokens], batch, tokens)
+                        row.setdefault(f"{batch}x{tokens}", []).append(ms)
+                print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+        finally:
+            for server in servers:
                 server.stop()
-            row = [kind.name, f"{ingest:.1f}"]
-            for batch, tokens in BATCH_SHAPES:
-                server = start(kind, tmp)
-                try:
-                    row.append(f"{measure_batch(server, batch, tokens, args.repeats):.1f}")
-                finally:
-                    server.stop()
-            rows.append(row)
-            print(" | ".join(row), file=sys.stderr, flush=True)
 
-    header = ["server", f"ingest groups/s (G={GROUP_SIZE}, L={args.tokens})"] + [
-        f"/batch ms {b}x{t}" for b, t in BATCH_SHAPES
-    ]
+    header = ["server", f"ingest groups/s (G={GROUP_SIZE}, L={args.tokens})"]
+    header += [f"/batch ms {b}x{t}" for b, t in BATCH_SHAPES]
+    rows = []
+    for name in names:
+        row = results[name]
+        rows.append(
+            [name, f"{statistics.median(row['ingest']):.1f}"]
+            + [f"{statistics.median(row[f'{b}x{t}']):.1f}" for b, t in BATCH_SHAPES]
+        )
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
     print(" | ".join(h.ljust(w) for h, w in zip(header, widths, strict=True)))
     print("-+-".join("-" * w for w in widths))
     for row in rows:
         print(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+    atropos = next((n for n in names if n.startswith("atropos")), None)
+    if atropos is not None:
+        base = statistics.median(results[atropos]["ingest"])
+        for name in names[:-1]:
+            ratio = statistics.median(results[name]["ingest"]) / base
+            print(f"ingest {name} / {atropos}: {ratio:.2f}x")
     print(
         "\n* normal: survives kill -9 of the API, may lose the last commits on power loss."
-        f"\n  {args.clients} posting clients, /batch median of {args.repeats}, "
-        "times include receiving the whole body."
+        f"\n  {args.clients} posting clients, {args.groups} groups per ingest round; "
+        f"medians of {args.rounds} interleaved rounds; /batch times include receiving the "
+        "whole body."
     )
 
 
