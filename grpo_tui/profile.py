@@ -300,29 +300,30 @@ def load_profile(path: Path | str, *, mode: str | None = None) -> Profile:
 
 
 def validate_process_tables(
-    profile: Profile, reserved: Iterable[str]
+    profile: Profile, roles: Iterable[str]
 ) -> tuple[list[ProcessSpec], dict[str, KeyPath], list[Problem]]:
     """Validate every ``[process.<name>]`` table into a ``ProcessSpec`` (name from the key).
 
-    Returns the specs, each one's key path in the profile, and the problems found.
+    Tables named after a role process (``[process.trainer]``) adjust that role's spec and
+    are left to the role layer. Returns the specs, each one's key path in the profile, and
+    the problems found.
     """
     specs: list[ProcessSpec] = []
     sources: dict[str, KeyPath] = {}
     problems: list[Problem] = []
-    taken = set(reserved)
+    skip = set(roles)
     for name, table in (profile.table("process") or {}).items():
         where: KeyPath = ("process", name)
+        if name in skip:
+            continue
         if not isinstance(table, dict):
             problems.append(profile.problem(where, "must be a table"))
             continue
         if "name" in table:
             problems.append(profile.problem((*where, "name"), "the name comes from the key"))
             continue
-        if name in taken:
-            problems.append(profile.problem(where, f"name {name!r} is taken by a role process"))
-            continue
         try:
-            spec = ProcessSpec.model_validate({"name": name, **_expand_shorthand(table)})
+            spec = ProcessSpec.model_validate({"name": name, **expand_depends_on(table)})
         except ValidationError as error:
             problems += profile.validation_problems(error, where, ProcessSpec)
             continue
@@ -331,7 +332,7 @@ def validate_process_tables(
     return specs, sources, problems
 
 
-def _expand_shorthand(table: Mapping[str, Any]) -> dict[str, Any]:
+def expand_depends_on(table: Mapping[str, Any]) -> dict[str, Any]:
     """Accept ``depends_on = ["a"]`` and ``depends_on = {a = "process_started"}``.
 
     Both read naturally in TOML; the spec wants ``{a = {condition = "..."}}``. A list means

@@ -31,6 +31,7 @@ from grpo_tui.profile import (
     Profile,
     ProfileError,
     check_graph,
+    expand_depends_on,
     validate_process_tables,
 )
 from grpo_tui.supervisor.spec import (
@@ -63,6 +64,9 @@ TRAINER_WIRED = {
 """Trainer keys the role layer derives from other tables (key -> source); not for profiles."""
 
 ENV_WIRED = {"model_name": "inference.served_model_name"}
+
+ROLE_OWNED = ("name", "role", "command")
+"""Keys a ``[process.<role process>]`` table cannot change: they come from the role."""
 
 HEALTHY = Dependency(condition=Condition.HEALTHY)
 BUILT = Dependency(condition=Condition.COMPLETED)
@@ -110,6 +114,27 @@ class RoleLayer:
             self._env(index, table) for index, table in enumerate(profile.table("env") or [])
         ]
         self._check_trainer_table()
+        self._adjust = self._adjustments()
+
+    def _adjustments(self) -> dict[str, dict[str, Any]]:
+        """``[process.<role process>]`` tables: supervisor keys that adjust a role's spec."""
+        found: dict[str, dict[str, Any]] = {}
+        for name, table in (self.profile.table("process") or {}).items():
+            if name not in self.roles:
+                continue
+            where: KeyPath = ("process", name)
+            if not isinstance(table, dict):
+                self.problems.append(self.profile.problem(where, "must be a table"))
+                continue
+            for key in ROLE_OWNED:
+                if key in table:
+                    self.problems.append(
+                        self.profile.problem(
+                            (*where, key), f"set by the role; configure the {name} role instead"
+                        )
+                    )
+            found[name] = expand_depends_on({k: v for k, v in table.items() if k not in ROLE_OWNED})
+        return found
 
     @property
     def seed(self) -> int:
@@ -204,17 +229,40 @@ class RoleLayer:
             raise ProfileError(self.problems)
         specs: list[ProcessSpec] = []
         sources: dict[str, KeyPath] = {}
+        problems: list[Problem] = []
         for name in self.roles:
             try:
-                spec = self.spec(name)
+                base = self._role_spec(name)
             except (ValueError, ValidationError) as error:
-                role = "env" if name.startswith("env") else name
-                raise ProfileError([self.profile.problem((role,), str(error))]) from None
-            specs.append(spec)
+                problems.append(self.profile.problem(self._source(name), str(error)))
+                continue
+            try:
+                specs.append(self._adjusted(name, base))
+            except ValidationError as error:
+                where = ("process", name)
+                problems += self.profile.validation_problems(error, where, ProcessSpec)
+                continue
             sources[name] = self._source(name)
+        if problems:
+            raise ProfileError(problems)
         return specs, sources
 
+    def _adjusted(self, name: str, spec: ProcessSpec) -> ProcessSpec:
+        """``spec`` with its ``[process.<name>]`` table applied (env and depends_on merge)."""
+        adjust = self._adjust.get(name)
+        if not adjust:
+            return spec
+        merged = spec.model_dump()
+        for key, value in adjust.items():
+            if key in ("env", "depends_on") and isinstance(value, dict):
+                merged[key] = {**merged[key], **value}
+            else:
+                merged[key] = value
+        return ProcessSpec.model_validate(merged)
+
     def _source(self, name: str) -> KeyPath:
+        if set(self._adjust.get(name, ())) & {"depends_on", "port"}:
+            return ("process", name)
         if name == "model":
             return ("run", "model")
         if name.startswith("env"):
@@ -224,6 +272,9 @@ class RoleLayer:
 
     def spec(self, name: str) -> ProcessSpec:
         """The current spec of role process ``name`` (with the overrides kept so far)."""
+        return self._adjusted(name, self._role_spec(name))
+
+    def _role_spec(self, name: str) -> ProcessSpec:
         if name == "model":
             return self._model_spec()
         if name == "api":

@@ -187,16 +187,27 @@ CASES = {
         "run.exit_with",
         "names no process",
     ),
-    "process named like a role": (
+    "process table changing a role's command": (
         f"""
         [trainer]
 
         [process.trainer]
         command = {CHILD}
         """,
-        3,
-        "process.trainer",
-        "taken by a role",
+        4,
+        "process.trainer.command",
+        "set by the role",
+    ),
+    "bad adjustment of a role process": (
+        """
+        [trainer]
+
+        [process.trainer]
+        shutdown = { timeout = -1 }
+        """,
+        4,
+        "process.trainer.shutdown.timeout",
+        "greater than 0",
     ),
 }
 

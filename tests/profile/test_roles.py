@@ -204,3 +204,42 @@ def test_generic_respec_is_kept(tmp_path: Path) -> None:
     plan = plan_for(path, tmp_path / "run")
     plan.respec("a", {"command": ["false"]})
     assert plan.respec("a", {}).command == ["false"]
+
+
+def test_process_table_adjusts_a_role_process(tmp_path: Path) -> None:
+    path = tmp_path / "p.toml"
+    path.write_text(
+        textwrap.dedent(
+            """
+            [api]
+            [inference]
+            [trainer]
+            batch_size = 8
+            [[env]]
+            group_size = 8
+
+            [process.reward]
+            command = ["python", "-c", "print(1)"]
+
+            [process.trainer]
+            env = { PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True" }
+            restart = { policy = "on_failure", max_restarts = 9 }
+            shutdown = { timeout = 300 }
+
+            [process.inference]
+            depends_on = ["reward"]
+            """
+        )
+    )
+    plan = plan_for(path, tmp_path / "run")
+    specs = {s.name: s for s in plan.specs}
+    trainer = specs["trainer"]
+    assert trainer.env == {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    assert trainer.restart.max_restarts == 9
+    assert trainer.shutdown.timeout == 300
+    assert flag(trainer.command, "--resume") == "auto"
+    assert set(specs["inference"].depends_on) == {"model", "reward"}
+    assert [s.name for s in plan.specs].index("reward") < [s.name for s in plan.specs].index(
+        "inference"
+    )
+    assert plan.respec("trainer", {"mode": "lora_only"}).restart.max_restarts == 9
