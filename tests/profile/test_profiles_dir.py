@@ -35,12 +35,12 @@ def test_check_passes_and_prints_the_plan(profile: Path) -> None:
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_quickstart_checks_in_every_mode(mode: str) -> None:
-    result = CliRunner().invoke(
-        app, ["check", str(REPO / "profiles/quickstart.toml"), "--mode", mode]
-    )
+@pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
+def test_every_profile_checks_in_every_mode(profile: Path, mode: str) -> None:
+    result = CliRunner().invoke(app, ["check", str(profile), "--mode", mode])
     assert result.exit_code == 0, result.output
     assert f"mode={mode}" in result.output
+    assert f"--weight-bridge-mode {mode}" in result.output or mode == "none"
 
 
 def test_check_imports_neither_torch_nor_textual() -> None:
