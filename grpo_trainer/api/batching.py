@@ -9,7 +9,8 @@ The rule, in order:
 2. **Weights.** The rest is filled one group at a time: among environments whose oldest
    remaining group still fits, take the one whose share so far, ``sequences / weight``,
    would stay smallest; ties go to the older group. Within one environment the order is
-   always FIFO. Groups posted without an ``env_id`` count as one environment of weight 1.
+   always FIFO. Groups posted without an ``env_id`` count as one environment of weight 1;
+   a weight <= 0 counts as ``MIN_WEIGHT``.
 3. **Exact fit.** If mixed group sizes leave the batch short, it is cut instead from the
    oldest groups whose sizes sum exactly to ``batch_size`` (weights ignored); if none
    exist, no batch is formed yet.
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIN_WEIGHT = 0.01
-"""Floor on an environment's weight so that a zero weight slows it but never starves it."""
+"""Floor on an environment's weight: a weight <= 0 slows it but never starves it."""
 
 
 @dataclass(frozen=True)

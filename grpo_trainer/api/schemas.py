@@ -39,7 +39,7 @@ class RegisterEnv(BaseModel):
 
     max_token_length: int = Field(gt=0)
     desired_name: str = Field(min_length=1, max_length=200)
-    weight: float = Field(1.0, ge=0, allow_inf_nan=False)
+    weight: float = Field(1.0, allow_inf_nan=False)  # <= 0 (Atropos "ignore": -1) -> 0.01
     group_size: int = Field(gt=0)
     min_batch_allocation: float | None = Field(None, ge=0, le=1)
 

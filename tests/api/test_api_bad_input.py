@@ -99,7 +99,7 @@ def test_wrong_types_on_control_endpoints(running: httpx.Client) -> None:
     _refused(running.post("/register", json={**TRAINER, "batch_size": "eight"}), 422, "batch_size")
     _refused(running.post("/register", json={**TRAINER, "batch_size": 0}), 422, "batch_size")
     _refused(
-        running.post("/register-env", json={**env_registration(), "weight": -1}), 422, "weight"
+        running.post("/register-env", json={**env_registration(), "weight": "heavy"}), 422, "weight"
     )
     _refused(
         running.post("/register-env", json=env_registration(min_batch_allocation=2)),

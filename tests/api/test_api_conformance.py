@@ -36,7 +36,7 @@ def test_register_env_waits_for_the_trainers_first_batch_request(api: httpx.Clie
     assert api.get("/batch").json() == {"batch": None}
     first = api.post("/register-env", json=env_registration("toy")).json()
     second = api.post("/register-env", json=env_registration("toy")).json()
-    other = api.post("/register-env", json=env_registration("math")).json()
+    other = api.post("/register-env", json={**env_registration("math"), "weight": -1}).json()
     assert first == {
         "status": "success",
         "env_id": 0,
