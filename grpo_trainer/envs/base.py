@@ -278,8 +278,8 @@ class EnvRunner:
         else:
             log.info("queue has room (%s); producing", _queue_text(status))
 
-    async def _post(self, group: Group) -> None:
-        """``POST /scored_data``, at most once (see the module docstring)."""
+    async def _post(self, group: Group) -> bool:
+        """``POST /scored_data``, at most once; True when queued or possibly queued."""
         backoff = Backoff()
         while True:
             try:
@@ -287,17 +287,17 @@ class EnvRunner:
             except NOT_DELIVERED as exc:
                 if self._stop.is_set():
                     self.stats.error("api_unreachable", f"group not sent at shutdown: {exc!r}")
-                    return
+                    return False
                 log.warning("API unreachable (%r); retrying the group", exc)
                 await self._sleep(backoff.next())
                 continue
             except httpx.TransportError as exc:
                 self.stats.count("groups_unconfirmed")
                 self.stats.error("api_connection_lost", f"group may or may not be queued: {exc!r}")
-                return
+                return True
             if response.status_code == 200:
                 self.stats.count("groups_sent")
-                return
+                return True
             if response.status_code == 503:
                 await self._sleep(backoff.next())
                 continue
@@ -308,7 +308,7 @@ class EnvRunner:
                 "api_rejected",
                 f"/scored_data answered {response.status_code}: {response.text[:300]}",
             )
-            return
+            return False
 
     async def _disconnect(self) -> None:
         if self.env_id is None:
@@ -356,10 +356,9 @@ class EnvRunner:
         return scores
 
     def _reserve(self) -> bool:
-        """Claim one of the ``max_groups`` slots (always true when unlimited)."""
+        """Claim one of the ``max_groups`` slots before generating (always true unlimited)."""
         limit = self.settings.max_groups
         if limit and self._reserved >= limit:
-            self._stop.set()
             return False
         self._reserved += 1
         return True
@@ -377,7 +376,19 @@ class EnvRunner:
                 await self._sleep(1.0)
 
     async def _produce_one(self, inference_backoff: Backoff) -> bool:
-        """One prompt through generation, scoring and posting; False when stopping."""
+        """One prompt through generation, scoring and posting; False when done."""
+        if not self._reserve():
+            return False
+        posted = False
+        try:
+            posted = await self._attempt_group(inference_backoff)
+        finally:
+            if not posted:
+                self._reserved -= 1
+        return not self._stop.is_set()
+
+    async def _attempt_group(self, inference_backoff: Backoff) -> bool:
+        """Generate, score and post one group; True once it was posted (or may have been)."""
         version = await self._wait_for_room()
         if version is None:
             return False
@@ -394,17 +405,17 @@ class EnvRunner:
                 self._inference_up = False
                 log.warning("%s; retrying with backoff", exc)
             await self._sleep(inference_backoff.next())
-            return True
+            return False
         except BadCompletion as exc:
             self.stats.error("bad_completion", str(exc))
-            return True
+            return False
         if not self._inference_up:
             self._inference_up = True
             log.info("inference server reachable again at %s", self.connection.inference_url)
         inference_backoff.reset()
         scores = self._score(prompt, samples)
         if scores is None:
-            return True
+            return False
         self.stats.scored(scores)
         group = build_group(
             prompt_ids, samples, scores, temperature=self.settings.temperature,
@@ -414,14 +425,11 @@ class EnvRunner:
             self.stats.count("groups_dropped_too_long")
             log.info("dropped a group: %d tokens > max_token_len %d", group.longest,
                      self.max_token_len)  # fmt: skip
-            return True
+            return False
         if group.equal_scores:
             self.stats.count("groups_dropped_equal_scores")
-            return True
-        if not self._reserve():
             return False
-        await self._post(group)
-        return True
+        return await self._post(group)
 
     # ---- reporting and evaluation ----------------------------------------------------
 
