@@ -64,7 +64,7 @@ class TrainerConfig(BaseModel):
     beta: float = Field(0.0, ge=0, description="KL-to-reference coefficient")
     tis_cap: float | None = Field(None, description="truncated importance-sampling cap")
     entropy_coef: float = Field(0.0, ge=0)
-    logprob_chunk_size: int = Field(1024, ge=1, description="tokens per log-softmax chunk")
+    logprob_chunk_size: int = Field(256, ge=1, description="tokens per log-softmax chunk")
     group_size: int | None = Field(None, ge=1, description="if known, checked against batch")
 
     # checkpoints

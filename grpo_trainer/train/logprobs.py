@@ -34,9 +34,10 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     """``log_softmax(h @ W.T / T)[label]`` and entropy, chunk by chunk, recomputed in backward.
 
     Forward, for positions ``n`` with hidden ``h_n``, inverse temperature ``s_n`` and
-    ``z_n = s_n * W h_n``: ``logp_n = z_n[y_n] - logsumexp(z_n)``, ``H_n = lse - sum(p z)``.
-    Backward: ``dlogp/dz = onehot(y) - p`` and ``dH/dz = -p * (z - sum(p z))``; chain
-    through ``s_n`` to ``h`` and ``W``.
+    ``z_n = s_n * W h_n``: ``logp_n = z_n[y_n] - logsumexp(z_n)``, ``H_n = -sum(p log p)``.
+    Backward, with ``q = log_softmax(z)``: ``dlogp/dz = onehot(y) - p`` and
+    ``dH/dz = -p * (q + H)``; chain through ``s_n`` to ``h`` and ``W``. Temporaries are
+    updated in place so a chunk costs about two ``chunk_size x V`` buffers.
     """
 
     @staticmethod
@@ -47,20 +48,21 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         labels: Tensor,
         inv_temp: Tensor,
         chunk_size: int,
+        with_entropy: bool,
     ) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
         compute = _compute_dtype(hidden)
         logp = torch.empty(n, dtype=compute, device=hidden.device)
-        entropy = torch.empty(n, dtype=compute, device=hidden.device)
+        entropy = torch.empty(n if with_entropy else 0, dtype=compute, device=hidden.device)
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
-            z = (hidden[start:end] @ weight.T).to(compute) * inv_temp[start:end, None]
-            lse = torch.logsumexp(z, dim=-1)
-            logp[start:end] = z.gather(1, labels[start:end, None]).squeeze(1) - lse
-            p = torch.exp(z - lse[:, None])
-            entropy[start:end] = lse - (p * z).sum(-1)
-        ctx.save_for_backward(hidden, weight, labels, inv_temp)
+            q = _chunk_log_softmax(hidden[start:end], weight, inv_temp[start:end], compute)
+            logp[start:end] = q.gather(1, labels[start:end, None]).squeeze(1)
+            if with_entropy:
+                entropy[start:end] = -(q.exp() * q).sum(-1)
+        ctx.save_for_backward(hidden, weight, labels, inv_temp, entropy)
         ctx.chunk_size = chunk_size
+        ctx.with_entropy = with_entropy
         ctx.set_materialize_grads(False)
         return logp, entropy
 
@@ -68,35 +70,51 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     def backward(
         ctx: Any, grad_logp: Tensor | None, grad_entropy: Tensor | None
     ) -> tuple[Tensor | None, ...]:
-        hidden, weight, labels, inv_temp = ctx.saved_tensors
-        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
+        hidden, weight, labels, inv_temp, entropy = ctx.saved_tensors
         compute = _compute_dtype(hidden)
+        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
         grad_weight = (
             torch.zeros(weight.shape, dtype=compute, device=weight.device)
             if ctx.needs_input_grad[1]
             else None
         )
+        if not ctx.with_entropy:
+            grad_entropy = None
         for start in range(0, hidden.shape[0], ctx.chunk_size):
             end = min(start + ctx.chunk_size, hidden.shape[0])
             h = hidden[start:end]
             s = inv_temp[start:end, None]
-            z = (h @ weight.T).to(compute) * s
-            p = torch.softmax(z, dim=-1)
-            grad_z = torch.zeros_like(z)
-            if grad_logp is not None:
-                grad_z -= p * grad_logp[start:end, None]
-                grad_z.scatter_add_(1, labels[start:end, None], grad_logp[start:end, None])
+            grad = _chunk_log_softmax(h, weight, inv_temp[start:end], compute)
+            p = grad.exp()
             if grad_entropy is not None:
-                mean_z = (p * z).sum(-1, keepdim=True)
-                grad_z -= grad_entropy[start:end, None] * p * (z - mean_z)
-            grad_logits = grad_z * s
+                # grad = p * (-g_H * (q + H) - g_logp)
+                grad.add_(entropy[start:end, None]).mul_(-grad_entropy[start:end, None])
+            else:
+                grad.zero_()
+            if grad_logp is not None:
+                g = grad_logp[start:end, None]
+                grad.sub_(g).mul_(p)
+                grad.scatter_add_(1, labels[start:end, None], g)
+            else:
+                grad.mul_(p)
+            del p
+            grad.mul_(s)
             if grad_hidden is not None:
-                grad_hidden[start:end] = (grad_logits.to(weight.dtype) @ weight).to(hidden.dtype)
+                grad_hidden[start:end] = (grad.to(weight.dtype) @ weight).to(hidden.dtype)
             if grad_weight is not None:
-                grad_weight += grad_logits.T @ h.to(compute)
+                grad_weight.addmm_(grad.T, h.to(compute))
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
-        return grad_hidden, grad_weight, None, None, None
+        return grad_hidden, grad_weight, None, None, None, None
+
+
+def _chunk_log_softmax(
+    hidden: Tensor, weight: Tensor, inv_temp: Tensor, compute: torch.dtype
+) -> Tensor:
+    """``log_softmax((hidden @ W.T) * inv_temp)`` for one chunk, in ``compute`` precision."""
+    z = (hidden @ weight.T).to(compute)
+    z.mul_(inv_temp[:, None])
+    return z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))
 
 
 def output_projection(model: nn.Module) -> Tensor:
@@ -115,7 +133,7 @@ def chunked_token_logprobs(
     attention_mask: Tensor,
     temperatures: Tensor,
     *,
-    chunk_size: int = 1024,
+    chunk_size: int = 256,
     with_entropy: bool = False,
 ) -> TokenLogprobs:
     """Logprobs of ``input_ids[:, 1:]`` under ``model``: memory-lean path.
@@ -133,7 +151,12 @@ def chunked_token_logprobs(
         .reshape(-1)
     )
     logp, entropy = ChunkedTokenLogprobs.apply(
-        flat_hidden, output_projection(model), labels, inv_temp.contiguous(), chunk_size
+        flat_hidden,
+        output_projection(model),
+        labels,
+        inv_temp.contiguous(),
+        chunk_size,
+        with_entropy,
     )
     shape = (batch, length - 1)
     return TokenLogprobs(logp.view(shape), entropy.view(shape) if with_entropy else None)

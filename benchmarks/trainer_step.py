@@ -1,0 +1,149 @@
+"""Trainer step: chunked selected-token logprobs vs the naive full log-softmax.
+
+One training step (forward, GRPO loss, backward) of a randomly initialised Qwen2 model on
+random sequences, run for each variant in a fresh subprocess so peak memory is its own.
+Prints tokens/s and peak memory side by side.
+
+    python benchmarks/trainer_step.py                       # CPU, small model
+    python benchmarks/trainer_step.py --shape qwen2.5-0.5b --device cuda --dtype bfloat16 \\
+        --seq-len 1024 --batch 4                            # GPU (the lead runs this)
+
+CPU peak memory is the step's peak RSS above the RSS before the first step; CUDA peak
+memory is ``torch.cuda.max_memory_allocated`` during the timed steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+SHAPES = {
+    "small": {
+        "hidden_size": 256,
+        "intermediate_size": 704,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 32000,
+    },
+    "qwen2.5-0.5b": {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "vocab_size": 151936,
+    },
+}
+
+
+def measure(args: argparse.Namespace) -> dict:
+    import psutil
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from grpo_trainer.models import DTYPES
+    from grpo_trainer.train.logprobs import chunked_token_logprobs, naive_token_logprobs
+    from grpo_trainer.train.loss import LossSettings, policy_loss
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        **SHAPES[args.shape],
+        tie_word_embeddings=True,
+        max_position_embeddings=max(args.seq_len, 512),
+    )
+    model = Qwen2ForCausalLM(config).to(device=args.device, dtype=DTYPES[args.dtype])
+    model.train()
+    b, length = args.batch, args.seq_len
+    ids = torch.randint(0, config.vocab_size, (b, length), device=args.device)
+    attention = torch.ones_like(ids)
+    mask = torch.ones(b, length - 1, device=args.device)
+    mask[:, : length // 4] = 0
+    mu = torch.full((b, length - 1), -5.0, device=args.device)
+    adv = torch.randn(b, 1, device=args.device).expand(b, length - 1)
+    temps = torch.ones(b, device=args.device)
+
+    def step() -> None:
+        if args.variant == "chunked":
+            out = chunked_token_logprobs(model, ids, attention, temps, chunk_size=args.chunk_size)
+        else:
+            out = naive_token_logprobs(model, ids, attention, temps)
+        loss = policy_loss(
+            out.logprobs,
+            mu,
+            adv,
+            mask,
+            LossSettings(),
+            step_sequences=b,
+            step_tokens=int(mask.sum()),
+            max_len=length,
+        ).loss
+        loss.backward()
+        model.zero_grad(set_to_none=True)
+
+    cuda = args.device.startswith("cuda")
+    rss_before = psutil.Process().memory_info().rss
+    step()  # warm-up (allocator, kernels)
+    if cuda:
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    for _ in range(args.steps):
+        step()
+    if cuda:
+        torch.cuda.synchronize()
+    elapsed = time.perf_counter() - started
+    if cuda:
+        peak = torch.cuda.max_memory_allocated() / 1e9
+    else:
+        peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before) / 1e9
+    return {
+        "variant": args.variant,
+        "tokens_per_s": b * length * args.steps / elapsed,
+        "step_s": elapsed / args.steps,
+        "peak_gb": peak,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="small")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--seq-len", type=int, default=256)
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--chunk-size", type=int, default=256)
+    parser.add_argument("--variant", choices=["chunked", "naive"], help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.variant:
+        print(json.dumps(measure(args)))
+        return
+    rows = []
+    for variant in ("chunked", "naive"):
+        argv = [sys.executable, __file__, *sys.argv[1:], "--variant", variant]
+        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+        rows.append(json.loads(out.strip().splitlines()[-1]))
+    print(
+        f"shape={args.shape} device={args.device} dtype={args.dtype} "
+        f"batch={args.batch} seq_len={args.seq_len} steps={args.steps}"
+    )
+    print(f"{'variant':<10}{'tokens/s':>12}{'step s':>10}{'peak GB':>10}")
+    for row in rows:
+        print(
+            f"{row['variant']:<10}{row['tokens_per_s']:>12.0f}{row['step_s']:>10.3f}"
+            f"{row['peak_gb']:>10.3f}"
+        )
+    chunked, naive = rows
+    print(
+        f"chunked/naive: peak memory {chunked['peak_gb'] / naive['peak_gb']:.2f}x, "
+        f"speed {chunked['tokens_per_s'] / naive['tokens_per_s']:.2f}x"
+    )
+
+
+if __name__ == "__main__":
+    main()
