@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from grpo_tui.roles import Plan
+from grpo_tui.supervisor.bus import Subscription
 from grpo_tui.supervisor.events import (
     Event,
     LogBatch,
@@ -216,6 +217,7 @@ class HeadlessRun:
         self.console = Console(stderr=json_lines, highlight=False, soft_wrap=True)
         self.report = ConsoleReport(self.console, echo_logs=echo_logs)
         self.signalled: signal.Signals | None = None
+        self._shutdown: asyncio.Task[None] | None = None
 
     async def run(self) -> int:
         run_dir = self.plan.run_dir
@@ -252,9 +254,9 @@ class HeadlessRun:
             return
         self.signalled = sig
         self.console.print(f"[yellow]{sig.name}[/]: ordered shutdown (reverse dependency order)")
-        asyncio.get_running_loop().create_task(supervisor.shutdown(f"received {sig.name}"))
+        self._shutdown = asyncio.create_task(supervisor.shutdown(f"received {sig.name}"))
 
-    async def _consume(self, subscription: Any) -> None:
+    async def _consume(self, subscription: Subscription) -> None:
         sink: JsonLines | ConsoleReport = self.json or self.report
         async for event in subscription:
             sink.handle(event)
