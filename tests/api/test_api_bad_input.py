@@ -201,22 +201,32 @@ def test_cors_only_for_listed_origins(start_api: Callable[..., ApiServer]) -> No
 @pytest.mark.parametrize(
     ("flags", "key"),
     [
-        (["--host", "0.0.0.0"], "token"),
         (["--max-body-bytes", "10"], "max_body_bytes"),
         (["--cors-origin", "*"], "cors_origins"),
         (["--port", "http"], "--port"),
+        (["--synchronous", "sometimes"], "--synchronous"),
     ],
 )
-def test_bad_settings_exit_2_naming_the_key(tmp_path, flags: list[str], key: str) -> None:
+def test_bad_settings_exit_2_naming_the_key(
+    capsys: pytest.CaptureFixture[str], flags: list[str], key: str
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_settings(["--db", ":memory:", *flags])
+    assert exited.value.code == 2
+    assert key in capsys.readouterr().err
+
+
+def test_open_host_without_token_refuses_to_start(tmp_path) -> None:
+    db = str(tmp_path / "q.db")
     proc = subprocess.run(
-        [sys.executable, "-m", "grpo_trainer.api", "--db", str(tmp_path / "q.db"), *flags],
+        [sys.executable, "-m", "grpo_trainer.api", "--host", "0.0.0.0", "--db", db],
         capture_output=True,
         text=True,
         timeout=60,
         env={"PATH": "/usr/bin:/bin"},
     )
     assert proc.returncode == 2
-    assert key in proc.stderr
+    assert "host" in proc.stderr and "token" in proc.stderr
     assert not (tmp_path / "q.db").exists()
 
 

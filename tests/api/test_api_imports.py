@@ -14,7 +14,6 @@ HEAVY = ("torch", "transformers", "textual")
     ("module", "forbidden"),
     [
         ("grpo_trainer.api.settings", (*HEAVY, "fastapi", "uvicorn")),
-        ("grpo_trainer.api.app", HEAVY),
         ("grpo_trainer.api.__main__", HEAVY),
     ],
 )
