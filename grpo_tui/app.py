@@ -279,6 +279,9 @@ class GrpoTuiApp(App[int]):
     async def _shutdown_and_exit(self) -> None:
         assert self.supervisor is not None
         self._quitting = True
+        # an action still waiting (e.g. a restart waiting for readiness) must not start a
+        # process again behind the shutdown
+        self.workers.cancel_group(self, "actions")
         self.notify("stopping every process in order ...", timeout=30)
         await self.supervisor.shutdown("quit from the dashboard")
         if self._run_worker is not None:

@@ -36,6 +36,9 @@ CRASH_LOOP_RESTARTS = 3
 """Restarts within :data:`CRASH_LOOP_WINDOW` seconds that make a crash loop."""
 CRASH_LOOP_WINDOW = 120.0
 
+TRAINER_STEP_METRICS = ("training_steps", "loss")
+"""Metrics the trainer sends once per optimizer step: their ``step`` is the run's step."""
+
 LIVE_STATES = frozenset({State.STARTING, State.RUNNING, State.READY, State.UNHEALTHY})
 
 
@@ -192,9 +195,13 @@ class RunState:
                     f" ({event.reason})",
                 )
             case ProbeResult():
+                # a readiness probe failing while a process starts is expected: only a
+                # failing liveness probe makes a row unhealthy and an event line
                 row = self.process(event.process)
-                row.health = "ok" if event.ok else "failing"
-                if not event.ok:
+                if event.ok:
+                    row.health = "ok"
+                elif event.probe == "liveness":
+                    row.health = "failing"
                     self._event_line(
                         event.t, f"{event.process}: {event.probe} probe failed: {event.message}"
                     )
@@ -252,9 +259,12 @@ class RunState:
         self.logs[SUPERVISOR_LOG].extend((f"{_clock_text(t)} {text}",))
 
     def step(self) -> int | None:
-        """The trainer's latest optimizer step."""
-        steps = [s for s in self.metrics.latest_step.values() if s is not None]
-        return max(steps) if steps else None
+        """The trainer's latest optimizer step (from its per-step metrics)."""
+        for name in TRAINER_STEP_METRICS:
+            step = self.metrics.latest_step.get(name)
+            if step is not None:
+                return step
+        return None
 
     def total_steps(self) -> int | None:
         total = self.metrics.latest.get("training_steps")

@@ -106,7 +106,7 @@ class ProcessTable(DataTable[Text]):
                 continue
             for (key, _), cell in zip(COLUMNS, cells, strict=True):
                 if not _same(self.get_cell(row.name, key), cell):
-                    self.update_cell(row.name, key, cell)
+                    self.update_cell(row.name, key, cell, update_width=True)
 
     @property
     def selected(self) -> str | None:

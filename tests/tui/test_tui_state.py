@@ -1,0 +1,78 @@
+"""The UI's plain state and alerts (no textual): events in, rows / series / alerts out."""
+
+from __future__ import annotations
+
+from tui_recorded_run import NOW, T0, recorded_state
+
+from grpo_tui.alerts import evaluate
+from grpo_tui.run_state import SUPERVISOR_LOG, LogBuffer, RunState
+from grpo_tui.supervisor.events import (
+    LogBatch,
+    MetricsRecord,
+    Notice,
+    ProbeResult,
+    Restarting,
+    State,
+    StateChanged,
+)
+
+
+def test_log_buffer_is_bounded_and_reports_only_new_lines() -> None:
+    buffer = LogBuffer(max_lines=5)
+    buffer.extend([f"a{i}" for i in range(3)])
+    lines, seen = buffer.since(0)
+    assert lines == ["a0", "a1", "a2"] and seen == 3
+    buffer.extend([f"b{i}" for i in range(10)])
+    lines, seen = buffer.since(seen)
+    assert lines == [f"b{i}" for i in range(5, 10)]  # only what the buffer still holds
+    assert seen == 13 and len(buffer.lines) == 5
+    assert buffer.since(seen) == ([], 13)
+
+
+def test_state_follows_lifecycle_restarts_and_dropped_lines() -> None:
+    state = RunState("r")
+    state.apply(StateChanged(t=1, process="api", old=State.PENDING, new=State.STARTING, pid=7))
+    state.apply(StateChanged(t=2, process="api", old=State.STARTING, new=State.READY, pid=7))
+    row = state.processes["api"]
+    assert (row.state, row.pid, row.started_at) == (State.READY, 7, 1)
+    state.apply(Restarting(t=3, process="api", attempt=1, delay=1.0, reason="exit 1"))
+    assert row.restarts == 1
+    state.apply(LogBatch(t=4, process="api", lines=("x",), dropped=1200))
+    assert state.dropped_lines == 1200
+    assert any("1200 log lines dropped" in line for line in state.logs[SUPERVISOR_LOG].lines)
+    state.apply(ProbeResult(t=5, process="api", probe="readiness", ok=False, message="refused"))
+    assert row.health is None  # a readiness failure while starting is not a health problem
+    state.apply(ProbeResult(t=6, process="api", probe="liveness", ok=False, message="timeout"))
+    assert row.health == "failing"
+
+
+def test_metrics_skip_non_numbers_and_give_step_total_and_eta() -> None:
+    state = RunState("r")
+    for step in range(1, 11):
+        data = {"loss": 1.0 / step, "training_steps": 20, "note": "x", "bad": float("nan")}
+        state.apply(MetricsRecord(t=100.0 + step, process="trainer", step=step, data=data))
+    state.apply(MetricsRecord(t=200.0, process="env", step=99, data={"env/reward_mean": 0.5}))
+    assert state.metrics.names() == ["env/reward_mean", "loss", "training_steps"]
+    assert state.step() == 10  # the trainer's step, not the environment's
+    assert state.total_steps() == 20
+    assert state.eta_seconds() == 10.0  # 10 steps left at 1 step/s
+
+
+def test_recorded_run_raises_the_expected_alerts() -> None:
+    alerts = {alert.key: alert for alert in evaluate(recorded_state(), NOW)}
+    assert set(alerts) == {"clipped_fraction", "crash:env"}
+    assert alerts["clipped_fraction"].chart == "clipped_fraction"
+    assert alerts["crash:env"].process == "env"
+    later = {alert.key for alert in evaluate(recorded_state(), NOW + 3600)}
+    assert later == {"clipped_fraction"}  # the crash loop aged out
+
+
+def test_every_threshold_alerts() -> None:
+    state = RunState("r")
+    data = {"mean_ratio": 1.3, "clipped_fraction": 0.1, "alignment/diff_abs_mean": 0.2}
+    state.apply(MetricsRecord(t=T0, process="trainer", step=1, data=data))
+    state.apply(Notice(t=T0, level="error", message="weight sync failed: HTTP 500"))
+    keys = {alert.key for alert in evaluate(state, T0 + 1)}
+    assert keys == {"mean_ratio", "alignment", "sync"}
+    state.apply(MetricsRecord(t=T0, process="trainer", step=2, data={"mean_ratio": 0.9}))
+    assert "mean_ratio" not in {alert.key for alert in evaluate(state, T0 + 1)}

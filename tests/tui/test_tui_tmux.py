@@ -1,0 +1,143 @@
+"""``grpo-tui profiles/quickstart.toml`` in a real terminal (tmux), end to end. Slow (e2e).
+
+The quickstart profile is copied with free ports and a temporary output directory (so it
+cannot collide with anything else on the machine), then run in a detached tmux session:
+the charts must show values, the restart-inference key must restart inference, and quit
+must leave none of the run's processes alive.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+QUICKSTART = Path(__file__).resolve().parents[2] / "profiles" / "quickstart.toml"
+DEADLINE = 300.0
+GRPO_TUI = Path(sys.executable).with_name("grpo-tui")
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.timeout(900),
+    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def profile_copy(tmp_path: Path) -> Path:
+    text = QUICKSTART.read_text()
+    text = re.sub(r"(?m)^port = 8000", f"port = {free_port()}", text)
+    text = re.sub(r"(?m)^port = 9001", f"port = {free_port()}", text)
+    text = text.replace("[run]\n", f'[run]\noutput_dir = "{tmp_path / "runs"}"\n', 1)
+    path = tmp_path / "quickstart.toml"
+    path.write_text(text)
+    return path
+
+
+def ours(tmp_path: Path) -> list[psutil.Process]:
+    """Processes of this run: their command line names our unique temporary directory."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if str(tmp_path) in " ".join(proc.info["cmdline"] or ()):
+                found.append(proc)
+    return found
+
+
+class Terminal:
+    def __init__(self, session: str) -> None:
+        self.session = session
+
+    def tmux(self, *args: str) -> str:
+        return subprocess.run(["tmux", *args], check=True, capture_output=True, text=True).stdout
+
+    @property
+    def shell_pid(self) -> int:
+        return int(self.tmux("display-message", "-p", "-t", self.session, "#{pane_pid}"))
+
+    def screen(self) -> str:
+        return self.tmux("capture-pane", "-p", "-t", self.session)
+
+    def press(self, key: str) -> None:
+        self.tmux("send-keys", "-t", self.session, key)
+
+    def wait(self, what: str, predicate: Callable[[str], bool]) -> str:
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            text = self.screen()
+            if predicate(text):
+                return text
+            time.sleep(0.2)
+        raise AssertionError(f"timed out waiting for {what}; screen:\n{self.screen()}")
+
+
+@pytest.fixture
+def terminal(tmp_path: Path) -> Iterator[Terminal]:
+    session = f"grpo-tui-test-{os.getpid()}"
+    command = (
+        f"cd {tmp_path} && {GRPO_TUI} {profile_copy(tmp_path)}; echo GRPO-TUI-EXITED $?; sleep 600"
+    )
+    subprocess.run(
+        ["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "48", command],
+        check=True,
+    )
+    yield Terminal(session)
+    subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
+    for proc in ours(tmp_path):  # only after a failure: the test asserts none are left
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def inference_pid(screen: str) -> str | None:
+    match = re.search(r"│ inference\s+inference\s+(\w+)\s+(\d+|-)", screen)
+    return match.group(2) if match and match.group(2) != "-" else None
+
+
+def test_quickstart_dashboard_in_tmux(terminal: Terminal, tmp_path: Path) -> None:
+    screen = terminal.wait(
+        "loss and reward values on the charts",
+        lambda text: (
+            re.search(r"loss [-\d.e+]+", text) is not None
+            and re.search(r"reward: mean [-\d.e+]+", text) is not None
+        ),
+    )
+    assert "step " in screen and "quickstart-" in screen
+    before = terminal.wait("inference running", lambda text: inference_pid(text) is not None)
+    old_pid = inference_pid(before)
+    terminal.press("i")
+    terminal.wait("restart acknowledged", lambda text: "restart inference" in text)
+    terminal.wait(
+        "inference restarted",
+        lambda text: (
+            "restart inference: done" in text or inference_pid(text) not in (None, old_pid)
+        ),
+    )
+    assert ours(tmp_path), "the run's processes should be alive before quitting"
+    terminal.press("q")
+    screen = terminal.wait(
+        "quit confirmation or exit", lambda t: "Quit?" in t or "GRPO-TUI-EXITED" in t
+    )
+    if "Quit?" in screen:
+        terminal.press("y")
+    terminal.wait("the app exited", lambda text: "GRPO-TUI-EXITED" in text)
+    shell = terminal.shell_pid
+    leftovers = [
+        p for p in ours(tmp_path) if p.pid != shell and p.is_running() and p.status() != "zombie"
+    ]
+    assert not leftovers, f"orphans: {[(p.pid, p.cmdline()) for p in leftovers]}"

@@ -1,0 +1,58 @@
+"""``grpo-tui view``: a run directory written by a real Supervisor, opened read-only."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+from tui_stack import stack
+
+from grpo_tui.app import GrpoTuiApp
+from grpo_tui.run_files import load_run
+from grpo_tui.screens.logs import LogsScreen
+from grpo_tui.screens.run_viewer import RunViewerScreen
+from grpo_tui.supervisor.events import State
+from grpo_tui.supervisor.supervisor import Supervisor
+from grpo_tui.widgets.process_table import ProcessTable
+
+
+async def record_run(run_dir: Path) -> None:
+    """Run the stand-in stack until the trainer sent a few steps, then shut down in order."""
+    supervisor = Supervisor(stack(), run_dir)
+    runner = asyncio.create_task(supervisor.run())
+    try:
+        deadline = time.monotonic() + 20
+        while (supervisor.metrics.series("loss") or [(0, 0, 0)])[-1][1] < 5:
+            assert time.monotonic() < deadline, "no trainer metrics"
+            await asyncio.sleep(0.05)
+    finally:
+        await supervisor.shutdown("test done")
+        await runner
+
+
+async def test_viewer_shows_a_finished_run_read_only(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    await record_run(run_dir)
+    (run_dir / "events.jsonl").open("a").write("{not json\n")
+
+    state, bad = load_run(run_dir)
+    assert bad == 1
+    assert state.processes["trainer"].state == State.STOPPED
+    assert state.step() is not None and state.step() >= 5
+    assert any(line.startswith("step ") for line in state.logs["trainer"].lines)
+
+    app = GrpoTuiApp(state, keymap_path=tmp_path / "none.toml")
+    async with app.run_test(size=(160, 48)) as pilot:
+        assert isinstance(app.screen, RunViewerScreen)
+        table = app.screen.query_one(ProcessTable)
+        assert table.get_cell("trainer", "state").plain == "stopped"
+        assert not app.check_action("restart_process", ())
+        await pilot.press("r")  # read-only: nothing to restart, nothing happens
+        assert not app._notifications
+        await pilot.press("l")
+        assert isinstance(app.screen, LogsScreen)
+        pane = app.screen.active_pane
+        assert pane is not None
+        await pilot.press("q")
+    assert app.return_code == 0
