@@ -9,8 +9,10 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 from pydantic import ValidationError
@@ -52,8 +54,19 @@ def parse_settings(argv: list[str] | None = None) -> ApiSettings:
         raise SystemExit(2) from exc
 
 
+def _exit_zero(signum: int, frame: FrameType | None) -> None:
+    """A stop request ends the process with status 0.
+
+    uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the
+    handler that was there before it: this one, so the store closes and the exit is clean.
+    """
+    raise SystemExit(0)
+
+
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(argv)
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, _exit_zero)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     db = str(settings.db)
     if db != MEMORY_DB:

@@ -215,3 +215,21 @@ def test_leases_and_acks_survive_an_api_restart(
         assert markers(trainer.get("/batch", params={"lease": 30}).json()["batch"]) == [5, 6]
         assert trainer.post("/batch/ack", json={"batch_id": held["batch_id"]}).is_success
         assert trainer.get("/status").json()["current_step"] == 2
+
+
+def test_sigterm_stops_cleanly_and_keeps_the_queue(
+    start_api: Callable[..., ApiServer], tmp_path: Path
+) -> None:
+    db = tmp_path / "rollouts.db"
+    first = start_api(db=db)
+    with first.client() as client:
+        start_run(client)
+        client.post("/scored_data_list", json=[group(1), group(2), group(3)])
+    first.kill(signal.SIGTERM)
+    assert first.proc is not None and first.proc.returncode == 0
+    assert _integrity(db) == "ok"
+
+    second = start_api(db=db)
+    with second.client() as client:
+        assert markers(client.get("/batch").json()["batch"]) == [1, 2]
+        assert client.get("/status").json()["queue_size"] == 1
