@@ -87,7 +87,10 @@ class ApiSettings(BaseModel):
         return str(run_dir / "rollouts.db")
 
     def argv(self, run_dir: Path | None = None) -> list[str]:
-        """Command line that starts this API: ``python -m grpo_trainer.api --host ...``."""
+        """Command line that starts this API: ``python -m grpo_trainer.api --host ...``.
+
+        The token is not on it (anyone can read a command line): pass ``environment()``.
+        """
         args = [
             sys.executable,
             "-m",
@@ -111,6 +114,10 @@ class ApiSettings(BaseModel):
         ]
         for origin in self.cors_origins:
             args += ["--cors-origin", origin]
-        if self.token is not None:
-            args += ["--token", self.token.get_secret_value()]
         return args
+
+    def environment(self) -> dict[str, str]:
+        """Environment for the API process: the token travels here, never on the argv (ps)."""
+        if self.token is None:
+            return {}
+        return {TOKEN_ENV: self.token.get_secret_value()}
