@@ -12,8 +12,8 @@ The rule, in order:
    always FIFO. Groups posted without an ``env_id`` count as one environment of weight 1;
    a weight <= 0 counts as ``MIN_WEIGHT``.
 3. **Exact fit.** If mixed group sizes leave the batch short, it is cut instead from the
-   oldest groups whose sizes sum exactly to ``batch_size`` (weights ignored); if none
-   exist, no batch is formed yet.
+   oldest groups whose sizes sum exactly to ``batch_size`` (weights ignored, among the
+   oldest ``EXACT_WINDOW``); if none exist, no batch is formed yet.
 
 With one environment (or equal weights and sizes) this is plain FIFO.
 """
@@ -23,6 +23,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+EXACT_WINDOW = 1024
+"""How many of the oldest groups the exact-fit fallback considers (bounds its cost)."""
 
 MIN_WEIGHT = 0.01
 """Floor on an environment's weight: a weight <= 0 slows it but never starves it."""
@@ -102,15 +105,20 @@ def form_batch(
 def _exact_fifo(queue: Sequence[Pending], batch_size: int) -> list[Pending] | None:
     """Oldest-first subset of ``queue`` whose sizes sum to ``batch_size``, or None.
 
-    Subset sum over the queue in order; each reachable total keeps the first way found,
-    which favours older groups.
+    Subset sum over the oldest ``EXACT_WINDOW`` groups in order; each reachable total keeps
+    the first way found (a back-pointer), which favours older groups.
     """
-    ways: dict[int, tuple[int, ...]] = {0: ()}
-    for index, item in enumerate(queue):
-        for total, picked in list(ways.items()):
+    back: dict[int, tuple[int, int]] = {0: (-1, -1)}
+    for index, item in enumerate(queue[:EXACT_WINDOW]):
+        for total in list(back):
             new_total = total + item.size
-            if new_total <= batch_size and new_total not in ways:
-                ways[new_total] = (*picked, index)
-        if batch_size in ways:
-            return [queue[i] for i in ways[batch_size]]
+            if new_total <= batch_size and new_total not in back:
+                back[new_total] = (total, index)
+        if batch_size in back:
+            picked = []
+            total = batch_size
+            while total:
+                total, index = back[total]
+                picked.append(queue[index])
+            return sorted(picked, key=lambda p: p.seq)
     return None

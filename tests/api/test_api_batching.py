@@ -96,3 +96,19 @@ def test_settings_refuse_unknown_keys_and_open_hosts_without_token() -> None:
     assert "s3cr3t-value" not in open_host.argv(Path("/r"))
     assert open_host.environment() == {"GRPO_API_TOKEN": "s3cr3t-value"}
     assert "s3cr3t-value" not in repr(open_host)
+
+
+def test_exact_fit_picks_the_oldest_combination() -> None:
+    queue = _queue((0, 5), (0, 5), (0, 3), (0, 6), (0, 3), (0, 2))
+    assert _seqs(form_batch(queue, 8, [_env(0)])) == [0, 2]
+
+
+def test_no_exact_fit_waits() -> None:
+    queue = _queue(*[(0, 3)] * 50)
+    assert form_batch(queue, 8, [_env(0)]) is None
+
+
+def test_exact_fit_when_greedy_gets_stuck() -> None:
+    queue = _queue((0, 6), (0, 5), (0, 3), (0, 2))
+    assert _seqs(form_batch(queue, 8, [_env(0)])) == [0, 3]
+    assert _seqs(form_batch(_queue((0, 6), (0, 5), (0, 3)), 8, [_env(0)])) == [1, 2]
