@@ -50,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--shared-weights",
         type=Path,
         default=None,
-        help="keep parameters in a memory-mapped file in DIR, shared with the trainer",
+        help="share parameters with the trainer: a memory-mapped file in DIR (CPU), CUDA IPC (GPU)",
     )
     return parser
 
@@ -67,7 +67,8 @@ def build_state(args: argparse.Namespace) -> ServerState:
     """Load the model, attach shared weights and adapters; raise ValueError on bad input."""
     model = load_model(args.model, dtype=_dtype(args.model, args.dtype), device=args.device)
     tokenizer = load_tokenizer(args.tokenizer or args.model)
-    if args.shared_weights is not None and attach_server(model, args.shared_weights):
+    on_cpu = next(model.parameters()).device.type == "cpu"
+    if args.shared_weights is not None and on_cpu and attach_server(model, args.shared_weights):
         print(f"mapped existing shared weights from {args.shared_weights}", flush=True)
     adapters = None
     if args.enable_lora:

@@ -18,10 +18,16 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from grpo_trainer.serve.cuda_ipc import RPC_METHODS, device_uuid, export_weights
 from grpo_trainer.serve.engine import Engine, Sample
 from grpo_trainer.serve.lora import AdapterError
 from grpo_trainer.serve.prom import render_metrics
-from grpo_trainer.serve.protocol import CompletionRequest, LoadLoraRequest, UnloadLoraRequest
+from grpo_trainer.serve.protocol import (
+    CompletionRequest,
+    LoadLoraRequest,
+    RpcRequest,
+    UnloadLoraRequest,
+)
 from grpo_trainer.serve.sampling import SamplingParams
 
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
@@ -327,7 +333,18 @@ def create_app(state: ServerState) -> FastAPI:
     async def shared_weights() -> dict[str, str]:
         if state.shared_weights is None:
             raise ApiError("not started with --shared-weights", status=404)
-        return {"directory": str(state.shared_weights.resolve())}
+        if engine.device.type == "cuda":
+            return {"transport": "cuda_ipc"}
+        return {"transport": "file", "directory": str(state.shared_weights.resolve())}
+
+    @app.post("/collective_rpc")
+    async def collective_rpc(request: RpcRequest) -> dict[str, list[Any]]:
+        if state.shared_weights is None or engine.device.type != "cuda":
+            raise ApiError("collective_rpc needs --shared-weights on a CUDA device", status=404)
+        if request.method not in RPC_METHODS:
+            raise ApiError(f"unknown method {request.method!r}; known: {', '.join(RPC_METHODS)}")
+        method = device_uuid if request.method == "grpo_device_uuid" else export_weights
+        return {"results": [await run_in_threadpool(method, engine.model)]}
 
     @app.post("/pause")
     async def pause(mode: Literal["abort", "wait", "keep"] = "abort") -> dict[str, Any]:

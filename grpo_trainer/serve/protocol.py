@@ -6,6 +6,8 @@ sampling option this server does not implement must not change results unnoticed
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_LOGPROBS = 20
@@ -52,3 +54,13 @@ class UnloadLoraRequest(BaseModel):
 
     lora_name: str = Field(min_length=1)
     lora_int_id: int | None = None
+
+
+class RpcRequest(BaseModel):
+    """``POST /collective_rpc`` (built-in server on CUDA: the two export methods only)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    method: str
+    args: list[Any] = Field(default_factory=list)
+    kwargs: dict[str, Any] = Field(default_factory=dict)

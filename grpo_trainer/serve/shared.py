@@ -5,7 +5,8 @@ Layout of ``--shared-weights DIR``: ``weights.bin`` holds every parameter back t
 that maps the file replaces each parameter's storage by a view of the mapping, so a write
 by one process (the trainer's optimizer step) is what the other (the server) computes
 with, with no copy. The server maps an existing file instead of reloading the model, so
-a restarted server keeps the trained weights. CPU only: the file lives in host memory.
+a restarted server keeps the trained weights. CPU only: the file lives in host memory;
+on CUDA the server shares its parameters through CUDA IPC instead (``cuda_ipc.py``).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from torch import nn
 from grpo_trainer.serve.shared import map_shared_weights
 from grpo_trainer.sync.base import SyncContext, SyncResult, WeightSync
 from grpo_trainer.sync.client import InferenceClient, SyncError
+from grpo_trainer.sync.cuda_ipc import map_server_weights, same_gpu, share_parameters
 
 
 class PausedUpdateSync(WeightSync):
@@ -55,17 +56,27 @@ class PausedUpdateSync(WeightSync):
 
 
 class SharedFileSync(PausedUpdateSync):
-    """Built-in backend: trainer parameters become views of the server's mapped file."""
+    """Built-in backend: trainer parameters become views of the server's weights.
+
+    CPU server: views of its memory-mapped file. CUDA server: views of its GPU tensors
+    through CUDA IPC (the trainer on the same GPU), as with vLLM.
+    """
 
     def attach(self, model: nn.Module) -> nn.Module:
-        """Copy the trainer's weights into the shared file (server paused), then share it."""
+        """Copy the trainer's weights into the server's (server paused), then share them."""
         if hasattr(model, "peft_config"):
             raise SyncError("shared_vllm trains the full model; got a peft (LoRA) model")
         answer = self.client.get("/v1/shared_weights").json()
-        directory = Path(answer["directory"])
+        if answer["transport"] == "cuda_ipc":
+            if not same_gpu(self.client, model):
+                raise SyncError("the built-in server's weights are on another device")
+            views = map_server_weights(self.client, model)
         self.before_optimizer_step()
         try:
-            map_shared_weights(model, directory, copy_in=True)
+            if answer["transport"] == "cuda_ipc":
+                share_parameters(model, views)
+            else:
+                map_shared_weights(model, Path(answer["directory"]), copy_in=True)
         finally:
             self.after_optimizer_step()
         self.client.post("/reset_prefix_cache")

@@ -14,8 +14,6 @@ Tensor parallel size 1 for the zero-copy path.
 
 from __future__ import annotations
 
-import base64
-import pickle
 import socket
 import threading
 import time
@@ -26,19 +24,8 @@ from torch import nn
 
 from grpo_trainer.sync.base import SyncResult
 from grpo_trainer.sync.client import SyncError
+from grpo_trainer.sync.cuda_ipc import map_server_weights, same_gpu, share_parameters
 from grpo_trainer.sync.shared import PausedUpdateSync
-from grpo_trainer.sync.vllm_names import hf_views
-
-STORAGE_DEVICE_ARG = 6
-"""Position of the device index in ``rebuild_cuda_tensor``'s arguments."""
-
-
-def _rpc(sync: PausedUpdateSync, method: str) -> Any:
-    answer = sync.client.post("/collective_rpc", json={"method": method}).json()
-    results = answer.get("results", answer)
-    if len(results) != 1:
-        raise SyncError(f"shared_vllm needs tensor parallel size 1, got {len(results)} workers")
-    return results[0]
 
 
 def _free_port() -> int:
@@ -62,44 +49,19 @@ class VllmSharedSync(PausedUpdateSync):
         device = next(model.parameters()).device
         if device.type != "cuda":
             raise SyncError("shared_vllm on vLLM needs the trainer on a CUDA device")
-        trainer_uuid = str(torch.cuda.get_device_properties(device).uuid)
-        self.zero_copy = _rpc(self, "grpo_device_uuid") == trainer_uuid
+        self.zero_copy = same_gpu(self.client, model)
         if self.zero_copy:
-            self._share(model, device)
+            views = map_server_weights(self.client, model)
+            self.before_optimizer_step()
+            try:
+                share_parameters(model, views)
+            finally:
+                self.after_optimizer_step()
+            self.client.post("/reset_prefix_cache")
         else:
             self._init_nccl(device)
             self.sync(model, 0)
         return model
-
-    def _share(self, model: nn.Module, device: torch.device) -> None:
-        vllm_params = {}
-        for entry in _rpc(self, "grpo_export_weights"):
-            rebuild, rebuild_args = pickle.loads(base64.b64decode(entry["handle"]))
-            rebuild_args = list(rebuild_args)
-            rebuild_args[STORAGE_DEVICE_ARG] = device.index or 0
-            vllm_params[entry["name"]] = rebuild(*rebuild_args)
-        views = hf_views(vllm_params, model.config)
-        params = dict(model.named_parameters())
-        missing = sorted(set(params) - set(views))
-        if missing:
-            raise SyncError(f"vLLM holds no tensor for {missing[:4]}")
-        for name, param in params.items():
-            view = views[name]
-            if view.shape != param.shape or view.dtype != param.dtype:
-                raise SyncError(
-                    f"{name}: vLLM has {tuple(view.shape)} {view.dtype}, "
-                    f"the trainer {tuple(param.shape)} {param.dtype} (load it in vLLM's dtype)"
-                )
-        self.before_optimizer_step()
-        try:
-            with torch.no_grad():
-                for name, param in params.items():
-                    views[name].copy_(param.data)
-                    param.data = views[name]
-            torch.cuda.synchronize(device)
-        finally:
-            self.after_optimizer_step()
-        self.client.post("/reset_prefix_cache")
 
     def _init_nccl(self, device: torch.device) -> None:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine

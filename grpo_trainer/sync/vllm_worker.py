@@ -8,12 +8,9 @@ map them and update them in place. No vLLM import, no patching of vLLM.
 
 from __future__ import annotations
 
-import base64
-import pickle
 from typing import Any
 
-import torch
-from torch.multiprocessing.reductions import reduce_tensor
+from grpo_trainer.serve.cuda_ipc import device_uuid, export_weights
 
 
 class SharedWeightsExtension:
@@ -23,20 +20,8 @@ class SharedWeightsExtension:
 
     def grpo_device_uuid(self) -> str:
         """UUID of the GPU holding the weights (the trainer must be on the same one)."""
-        device = next(self.model_runner.model.parameters()).device
-        return str(torch.cuda.get_device_properties(device).uuid)
+        return device_uuid(self.model_runner.model)
 
     def grpo_export_weights(self) -> list[dict[str, Any]]:
-        """Name, shape, dtype and a base64 pickled CUDA IPC handle of every parameter."""
-        exported = []
-        for name, param in self.model_runner.model.named_parameters():
-            handle = reduce_tensor(param.data)
-            exported.append(
-                {
-                    "name": name,
-                    "shape": list(param.shape),
-                    "dtype": str(param.dtype).removeprefix("torch."),
-                    "handle": base64.b64encode(pickle.dumps(handle)).decode(),
-                }
-            )
-        return exported
+        """CUDA IPC handles of every parameter (see ``grpo_trainer.serve.cuda_ipc``)."""
+        return export_weights(self.model_runner.model)

@@ -127,3 +127,11 @@ def test_bad_flags_exit_2_before_binding(
     )
     status, err = exit_status(capsys, model, "--shared-weights", str(shared))
     assert (status, "do not match" in err) == (2, True)
+
+
+def test_shared_weight_endpoints_refuse_when_not_sharing(client: httpx.Client) -> None:
+    assert client.get("/v1/shared_weights").status_code == 404
+    rpc = client.post("/collective_rpc", json={"method": "grpo_export_weights"})
+    assert rpc.status_code == 404
+    assert "CUDA" in rpc.json()["error"]["message"]
+    assert client.get("/health").status_code == 200
