@@ -2,8 +2,8 @@
 
 Everything a restart must find again lives here: the trainer's registration and step, the
 registered environments, every queued group (as the JSON it is served as), the leased
-batches and per-environment counters. Each API call is one transaction, committed before
-the answer goes out, so a group answered ``{"status": "received"}`` survives ``kill -9``.
+batches and per-environment counters. Every change is committed before its answer goes
+out, so a group answered ``{"status": "received"}`` survives ``kill -9``.
 
 Queued groups are two rows: a small one in ``groups`` (position, origin, size, lease) that
 batching scans and leases update, and the served JSON in ``payloads``. A group is consumed
@@ -88,14 +88,12 @@ class Delivery:
 
     payloads: list[bytes]
     batch_id: str | None
-    sequences: int
 
 
 class Store:
     """SQLite-backed queue and run state; ``path`` may be ``:memory:`` (not durable)."""
 
     def __init__(self, path: str, synchronous: Literal["full", "normal"] = "full") -> None:
-        self.path = path
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={synchronous.upper()}")
@@ -296,11 +294,7 @@ class Store:
                     "INSERT INTO leases (batch_id, expires) VALUES (?, ?)",
                     (batch_id, time.time() + lease),
                 )
-        return Delivery(
-            payloads=payloads,
-            batch_id=None if lease is None else batch_id,
-            sequences=sum(p.size for p in picked),
-        )
+        return Delivery(payloads=payloads, batch_id=None if lease is None else batch_id)
 
     def ack(self, batch_id: str) -> Literal["acked", "expired", "unknown"]:
         """Consume a leased batch: its groups are gone for good and the step advances."""
