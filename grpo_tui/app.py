@@ -72,6 +72,7 @@ class GrpoTuiApp(App[int]):
     TITLE = "grpo-tui"
     COMMANDS = App.COMMANDS | {ActionsProvider}
     ENABLE_COMMAND_PALETTE = True
+    VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-short"), (40, "-tall")]
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("r", "restart_process", "Restart", id="restart-process"),

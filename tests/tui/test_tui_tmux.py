@@ -25,6 +25,7 @@ import pytest
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "profiles" / "quickstart.toml"
 DEADLINE = 300.0
+EXITED = re.compile(r"GRPO-TUI-EXITED \d+")
 GRPO_TUI = Path(sys.executable).with_name("grpo-tui")
 
 pytestmark = [
@@ -90,14 +91,15 @@ class Terminal:
 @pytest.fixture
 def terminal(tmp_path: Path) -> Iterator[Terminal]:
     session = f"grpo-tui-test-{os.getpid()}"
-    command = (
-        f"cd {tmp_path} && {GRPO_TUI} {profile_copy(tmp_path)}; echo GRPO-TUI-EXITED $?; sleep 600"
-    )
+    command = f"cd {tmp_path} && {GRPO_TUI} {profile_copy(tmp_path)}; echo GRPO-TUI-EXITED $?"
+    tmux = Terminal(session)
     subprocess.run(
-        ["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "48", command],
-        check=True,
+        ["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "48"], check=True
     )
-    yield Terminal(session)
+    # size the window before the app starts, whatever tmux's default-size is
+    tmux.tmux("resize-window", "-t", session, "-x", "160", "-y", "48")
+    tmux.tmux("send-keys", "-t", session, command, "Enter")
+    yield tmux
     subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
     for proc in ours(tmp_path):  # only after a failure: the test asserts none are left
         with contextlib.suppress(psutil.Error, ProcessLookupError):
@@ -131,11 +133,11 @@ def test_quickstart_dashboard_in_tmux(terminal: Terminal, tmp_path: Path) -> Non
     assert ours(tmp_path), "the run's processes should be alive before quitting"
     terminal.press("q")
     screen = terminal.wait(
-        "quit confirmation or exit", lambda t: "Quit?" in t or "GRPO-TUI-EXITED" in t
+        "quit confirmation or exit", lambda t: "Quit?" in t or EXITED.search(t) is not None
     )
     if "Quit?" in screen:
         terminal.press("y")
-    terminal.wait("the app exited", lambda text: "GRPO-TUI-EXITED" in text)
+    terminal.wait("the app exited", lambda text: EXITED.search(text) is not None)
     shell = terminal.shell_pid
     leftovers = [
         p for p in ours(tmp_path) if p.pid != shell and p.is_running() and p.status() != "zombie"

@@ -1,9 +1,9 @@
 """Small real child processes for the dashboard's Pilot tests.
 
 ``python tui_children.py server NAME``   prints a few lines, then ``NAME ready``, then a line
-                                         every 50 ms until SIGTERM (exit 0).
+                                         every 100 ms until SIGTERM (exit 0).
 ``python tui_children.py trainer``       like a trainer: ``grpo-trainer ready``, then one
-                                         metrics record per 50 ms on ``GRPO_TUI_SOCKET``
+                                         metrics record per 100 ms on ``GRPO_TUI_SOCKET``
                                          (step, loss, mean_ratio, ...); SIGTERM -> exit 0.
 ``python tui_children.py crasher``       prints a line and exits 1 (a crash loop).
 The mode comes from ``STANDIN_MODE`` and is printed at start.
@@ -33,7 +33,7 @@ def server(name: str) -> int:
     while not stopping:
         tick += 1
         print(f"{name} tick {tick}", flush=True)
-        time.sleep(0.05)
+        time.sleep(0.1)
     print(f"{name} stopping", flush=True)
     return 0
 
@@ -56,7 +56,7 @@ def trainer() -> int:
         record = {"type": "metrics", "step": step, "t": time.time(), "data": data}
         sock.sendall((json.dumps(record) + "\n").encode())
         print(f"step {step}", flush=True)
-        time.sleep(0.05)
+        time.sleep(0.1)
     print("trainer checkpoint written", flush=True)
     sock.close()
     return 0
