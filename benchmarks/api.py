@@ -5,7 +5,9 @@ Servers compared, each a real process on a free loopback port:
 - ``ours full``: SQLite WAL, ``synchronous=FULL`` (fsync per commit; the default);
 - ``ours normal``: SQLite WAL, ``synchronous=NORMAL`` (no fsync; safe against kill -9);
 - ``ours memory``: ``--db :memory:`` (nothing durable, the same code path otherwise);
-- ``atropos``: atroposlib's ``run-api`` (all in memory), when a venv holding it is given.
+- ``atropos``: atroposlib's ``run-api`` (all in memory), when a venv holding it is given;
+  then atroposlib's own environment client code is also run against ours first
+  (``api_atropos_client.py``).
 
 Groups are realistic: 8 sequences of L tokens with masks, scores and inference logprobs.
 Request bodies are encoded once up front, so the client costs little; responses are asked
@@ -35,6 +37,7 @@ from pathlib import Path
 import httpx
 
 GROUP_SIZE = 8
+CLIENT = "api_atropos_client.py"
 BATCH_SHAPES = ((64, 512), (256, 1024), (512, 2048))
 """(sequences per batch, tokens per sequence) measured for ``GET /batch``."""
 
@@ -202,6 +205,27 @@ def start(kind: ServerKind, tmp: Path) -> Server:
     return Server(resolved, port, tmp / f"{kind.name.split()[0]}-{port}.log")
 
 
+def atropos_client_check(venv: Path) -> str:
+    """Run atroposlib's env client code (``api_atropos_client.py``) against our server."""
+    with tempfile.TemporaryDirectory() as tmp_name:
+        kind = ServerKind("ours", [sys.executable, "-m", "grpo_trainer.api"], {})
+        kind.command.extend(["--port", "{port}", "--db", ":memory:"])
+        server = start(kind, Path(tmp_name))
+        try:
+            proc = subprocess.run(
+                [str(venv / "bin" / "python"), str(Path(__file__).with_name(CLIENT)), server.url],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+        finally:
+            server.stop()
+    if proc.returncode == 0:
+        return proc.stdout.strip().splitlines()[-1]
+    lines = proc.stderr.strip().splitlines()
+    return f"FAILED: {lines[-1] if lines else proc.returncode}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--atropos", type=Path, help="venv with atroposlib installed")
@@ -211,6 +235,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (median)")
     args = parser.parse_args()
 
+    compat = atropos_client_check(args.atropos) if args.atropos else None
     rng = random.Random(0)
     ingest_bodies = [group_body(args.tokens, rng) for _ in range(8)]
     shape_bodies = {t: [group_body(t, rng) for _ in range(4)] for _, t in BATCH_SHAPES}
@@ -256,6 +281,8 @@ def main() -> None:
         for name in names[:-1]:
             ratio = statistics.median(results[name]["ingest"]) / base
             print(f"ingest {name} / {atropos}: {ratio:.2f}x")
+    if compat is not None:
+        print(f"atroposlib env client against ours: {compat}")
     print(
         "\n* normal: survives kill -9 of the API, may lose the last commits on power loss."
         f"\n  {args.clients} posting clients, {args.groups} groups per ingest round; "
