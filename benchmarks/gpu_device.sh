@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# One device call: install the carried vLLM 0.24.0 bundle and our extra wheels, then run
+# benchmarks/gpu_modes.py (every backend x mode, the memory proof, the no-orphan check)
+# and, if time is left, benchmarks/trainer_step.py. Everything ends inside 9 minutes.
+#
+# Before: the vLLM parts in /root/vv/part-* (carried one per call, see docs/gpu.md).
+# Call:   run(command="bash benchmarks/gpu_device.sh", carry=[".whl"], timeout_s=600)
+# Output ($OUT): gpu_modes.md (table), gpu_modes.json (raw numbers), gpu_diagnostics.md
+# (log tails of anything that failed), gpu_runs.tar.gz (profiles, metrics, log tails),
+# gpu_device.log (this script's output), trainer_step.txt (when run).
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+exec > >(tee "$OUT/gpu_device.log") 2>&1
+TOTAL=${GPU_MODES_TOTAL:-530}   # seconds for this whole script (the call's limit is 600)
+WORK=/tmp/gpu_modes_work
+
+if ! ls /root/vv/part-* >/dev/null 2>&1; then
+  echo "gpu_device: /root/vv/part-* missing: carry the vLLM parts first (docs/gpu.md); nothing run"
+  exit 3
+fi
+echo "gpu_device: $(date -u +%FT%TZ) unpacking $(ls /root/vv/part-* | wc -l) parts"
+cat /root/vv/part-* | tar xf - -C /root || exit 3
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+  /root/bundle/*.whl .whl/*.whl || exit 3
+export PYTHONPATH=$PWD:/tmp/site
+echo "gpu_device: installed in ${SECONDS}s"
+
+# No network there: never let a library try to reach a hub or send usage stats.
+export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
+python3 -c "import importlib.metadata as m; print({d: m.version(d) for d in
+  ('torch', 'transformers', 'vllm', 'fastapi', 'uvicorn', 'pydantic', 'tomli_w', 'peft')})"
+
+budget=$((TOTAL - SECONDS - 40))
+echo "gpu_device: gpu_modes.py budget ${budget}s"
+timeout -k 10 $((budget + 30)) python3 benchmarks/gpu_modes.py --out "$OUT" --work "$WORK" \
+  --budget "$budget" "$@"
+status=$?
+echo "gpu_device: gpu_modes.py exit $status after ${SECONDS}s"
+
+left=$((TOTAL - SECONDS))
+if [ -f benchmarks/trainer_step.py ] && [ "$left" -gt 70 ]; then
+  echo "gpu_device: trainer_step.py with ${left}s left"
+  timeout -k 5 $((left - 20)) python3 benchmarks/trainer_step.py --device cuda --dtype bfloat16 \
+    > "$OUT/trainer_step.txt" 2>&1
+  echo "gpu_device: trainer_step.py exit $? after ${SECONDS}s"
+fi
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
+exit $status
