@@ -37,6 +37,8 @@ from grpo_trainer.api.store import Delivery
 log = logging.getLogger("grpo_trainer.api")
 
 WAIT = {"status": "wait for trainer to start"}
+MAX_REPORTED_ERRORS = 10
+ENV_IDENTIFIER = TypeAdapter(EnvIdentifier)
 EMPTY_EXAMPLE = {
     "tokens": [],
     "masks": [],
@@ -51,11 +53,14 @@ EMPTY_EXAMPLE = {
 
 
 def _validation_detail(exc: ValidationError) -> str:
-    """One line per problem, with the field path, e.g. ``masks: masks has 3 entries ...``."""
+    """The first problems, with field paths, e.g. ``tokens.0.1: Input should be ...``."""
+    errors = exc.errors(include_url=False)
     lines = []
-    for error in exc.errors(include_url=False):
+    for error in errors[:MAX_REPORTED_ERRORS]:
         where = ".".join(str(part) for part in error["loc"]) or "body"
         lines.append(f"{where}: {error['msg'].removeprefix('Value error, ')}")
+    if len(errors) > MAX_REPORTED_ERRORS:
+        lines.append(f"... and {len(errors) - MAX_REPORTED_ERRORS} more")
     return "; ".join(lines)
 
 
@@ -308,7 +313,7 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
     @app.get("/status-env")
     async def status_env(request: Request, env_id: int | None = None) -> dict[str, Any]:
         if env_id is None:
-            env_id = _parse(TypeAdapter(EnvIdentifier), await request.body()).env_id
+            env_id = _parse(ENV_IDENTIFIER, await request.body()).env_id
 
         def read(env_id: int) -> dict[str, Any]:
             env = store.env(env_id)

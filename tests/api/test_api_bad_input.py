@@ -85,6 +85,12 @@ def test_non_finite_score_is_refused(running: httpx.Client) -> None:
     assert _queue(running) == (1, 0)
 
 
+def test_many_errors_are_summarised(running: httpx.Client) -> None:
+    body = {**group(2), "tokens": [["x"] * 4] * 4}
+    detail = running.post("/scored_data", json=body).json()["detail"]
+    assert detail.count("tokens.") == 10 and detail.endswith("... and 6 more")
+
+
 def test_malformed_json_is_refused(running: httpx.Client) -> None:
     headers = {"Content-Type": "application/json"}
     _refused(running.post("/scored_data", content=b'{"tokens": [[1,', headers=headers), 400, "JSON")
