@@ -26,11 +26,11 @@ if TYPE_CHECKING:
 
 MODE_SUMMARIES: dict[str, str] = {
     "none": "legacy: full checkpoint, inference restarted on it at each sync",
+    "shared_vllm": "weights shared in memory, updated in place; generation paused per step",
     "lora_only": "LoRA adapter hot-loaded into the running server (/v1/load_lora_adapter)",
     "lora_restart": "LoRA adapter, inference restarted with it preloaded at each sync",
-    "shared_vllm": "weights shared in memory, updated in place; generation paused per step",
 }
-"""The four weight-sync modes (``grpo_trainer.sync.base.MODES``) and what each does."""
+"""The four weight-sync modes (the profile's ``run.mode`` values), in order, and what each does."""
 
 PLAN = (
     "1. SIGTERM the trainer: it finishes its step, writes a checkpoint, exits 0",

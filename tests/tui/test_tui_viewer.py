@@ -5,12 +5,16 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import get_args
 
+from tui_recorded_run import recorded_state
 from tui_stack import stack
 
+from grpo_trainer.serve.settings import Mode
 from grpo_tui.app import GrpoTuiApp
 from grpo_tui.run_files import load_run
 from grpo_tui.screens.logs import LogsScreen
+from grpo_tui.screens.mode_switch import MODE_SUMMARIES
 from grpo_tui.screens.run_viewer import RunViewerScreen
 from grpo_tui.supervisor.events import State
 from grpo_tui.supervisor.supervisor import Supervisor
@@ -56,3 +60,18 @@ async def test_viewer_shows_a_finished_run_read_only(tmp_path: Path) -> None:
         assert pane is not None
         await pilot.press("q")
     assert app.return_code == 0
+
+
+async def test_user_keymap_remaps_a_binding_by_id(tmp_path: Path) -> None:
+    keymap = tmp_path / "keymap.toml"
+    keymap.write_text('[keymap]\nshow-logs = "g"\n')
+    app = GrpoTuiApp(recorded_state(), keymap_path=keymap)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await pilot.press("l")  # no longer bound
+        assert not isinstance(app.screen, LogsScreen)
+        await pilot.press("g")
+        assert isinstance(app.screen, LogsScreen)
+
+
+def test_mode_switch_lists_exactly_the_profile_modes() -> None:
+    assert tuple(MODE_SUMMARIES) == get_args(Mode)
