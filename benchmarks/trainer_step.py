@@ -2,7 +2,9 @@
 
 One training step (forward, GRPO loss, backward) of a randomly initialised Qwen2 model on
 random sequences, run for each variant in a fresh subprocess so peak memory is its own.
-Prints tokens/s and peak memory side by side.
+Prints tokens/s and peak memory side by side. When TRL is importable, its
+``selective_log_softmax`` (TRL's memory-saving logprob path over full logits) joins as a
+third row, with the same GRPO loss on top.
 
     python benchmarks/trainer_step.py                       # CPU, small model
     python benchmarks/trainer_step.py --shape qwen2.5-0.5b --device cuda --dtype bfloat16 \\
@@ -15,6 +17,7 @@ memory is ``torch.cuda.max_memory_allocated`` during the timed steps.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import resource
 import subprocess
@@ -118,13 +121,16 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--chunk-size", type=int, default=256)
-    parser.add_argument("--variant", choices=["chunked", "naive"], help=argparse.SUPPRESS)
+    parser.add_argument("--variant", choices=["chunked", "naive", "trl"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant:
         print(json.dumps(measure(args)))
         return
     rows = []
-    for variant in ("chunked", "naive"):
+    variants = ["chunked", "naive"]
+    if importlib.util.find_spec("trl") is not None:
+        variants.append("trl")
+    for variant in variants:
         argv = [sys.executable, __file__, *sys.argv[1:], "--variant", variant]
         out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
         rows.append(json.loads(out.strip().splitlines()[-1]))
@@ -138,7 +144,7 @@ def main() -> None:
             f"{row['variant']:<10}{row['tokens_per_s']:>12.0f}{row['step_s']:>10.3f}"
             f"{row['peak_gb']:>10.3f}"
         )
-    chunked, naive = rows
+    chunked, naive = rows[:2]
     print(
         f"chunked/naive: peak memory {chunked['peak_gb'] / naive['peak_gb']:.2f}x, "
         f"speed {chunked['tokens_per_s'] / naive['tokens_per_s']:.2f}x"

@@ -21,6 +21,14 @@ class ApiUnreachable(RuntimeError):
     """The API did not answer within the bounded wait at start."""
 
 
+class ApiRefused(RuntimeError):
+    """The API answered with a client error (e.g. a batch size it cannot serve)."""
+
+
+class _ServerError(Exception):
+    """A 5xx answer: retried like a connection error."""
+
+
 @dataclass(frozen=True)
 class Registration:
     """What ``POST /register`` announces (Atropos field names)."""
@@ -81,7 +89,7 @@ class ApiClient:
             try:
                 self._post_register()
                 return
-            except httpx.TransportError as exc:
+            except (httpx.TransportError, _ServerError) as exc:
                 if time.monotonic() >= deadline:
                     raise ApiUnreachable(
                         f"rollout API at {self.url} did not answer within "
@@ -96,7 +104,13 @@ class ApiClient:
             raise RuntimeError("register() first")
         body = {**vars(self.registration), "starting_step": self.step}
         response = self.http.post("/register", json=body)
-        response.raise_for_status()
+        if response.status_code >= 500:
+            raise _ServerError(f"{response.status_code} {response.text[:200]}")
+        if response.status_code >= 400:
+            raise ApiRefused(
+                f"rollout API refused the registration ({response.status_code}): "
+                f"{response.text[:500]}"
+            )
         self._needs_register = False
 
     def next_batch(self, should_stop: Callable[[], bool], poll: float = 0.05) -> LeasedBatch | None:
@@ -112,7 +126,9 @@ class ApiClient:
                 if self._needs_register:
                     self._post_register()
                 response = self.http.get("/batch", params={"lease": self.lease_seconds})
-            except httpx.TransportError as exc:
+                if response.status_code >= 500:
+                    raise _ServerError(f"{response.status_code} {response.text[:200]}")
+            except (httpx.TransportError, _ServerError) as exc:
                 if outage_since is None:
                     outage_since = time.monotonic()
                     self.log("warning", f"rollout API unreachable ({exc}); retrying")
@@ -132,10 +148,11 @@ class ApiClient:
         return None
 
     def _parse_batch(self, response: httpx.Response) -> LeasedBatch | None:
-        if response.status_code in (400, 409, 412):
+        if response.status_code == 409:
             self._needs_register = True
             return None
-        response.raise_for_status()
+        if response.status_code >= 400:
+            raise ApiRefused(f"GET /batch refused ({response.status_code}): {response.text[:500]}")
         payload = response.json()
         if "batch" not in payload:
             self._needs_register = True

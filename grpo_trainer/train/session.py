@@ -8,7 +8,7 @@ import torch
 
 from grpo_trainer.models import load_tokenizer
 from grpo_trainer.sync.base import SyncContext, WeightSync
-from grpo_trainer.train.api_client import ApiClient, ApiUnreachable, Registration
+from grpo_trainer.train.api_client import ApiClient, ApiRefused, ApiUnreachable, Registration
 from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.data import DataError
 from grpo_trainer.train.loop import SyncLagExceeded, Trainer, install_signal_handlers
@@ -96,7 +96,7 @@ def run_session(config: TrainerConfig) -> int:
         step = trainer.run()
         reporter.event("info", f"trainer stopped at step {step} of {config.training_steps}")
         return 0
-    except (ApiUnreachable, DataError, SyncLagExceeded, ValueError) as exc:
+    except (ApiUnreachable, ApiRefused, DataError, SyncLagExceeded, ValueError) as exc:
         reporter.event("error", str(exc))
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return 1
