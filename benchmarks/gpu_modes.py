@@ -857,6 +857,27 @@ def pack_runs(work: Path, target: Path, lines: int) -> None:
 # --------------------------------------------------------------------------- main
 
 
+def dry_run(cells: list[Cell], work: Path, args: argparse.Namespace) -> int:
+    """Write every cell's profile and print the plan ``grpo-tui check`` resolves from it."""
+    failures = 0
+    ports = free_ports(2 * len(cells))
+    for index, cell in enumerate(cells):
+        profile = work / cell.name / "profile.toml"
+        profile.parent.mkdir(parents=True, exist_ok=True)
+        pair = (ports[2 * index], ports[2 * index + 1])
+        body = profile_for(cell, ports=pair, output_dir=work / cell.name / "runs", args=args)
+        profile.write_text(tomli_w.dumps(body))
+        done = subprocess.run(
+            [sys.executable, "-m", "grpo_tui", "check", str(profile)],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+        )
+        failures += done.returncode != 0
+        print(f"== {cell.name}: check exit {done.returncode}\n{done.stdout}{done.stderr}")
+    return 1 if failures else 0
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True, help="results folder ($OUT)")
@@ -885,10 +906,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--reward-window", type=int, default=3)
     parser.add_argument("--reward-margin", type=float, default=0.05)
     parser.add_argument("--tail-lines", type=int, default=200, help="log lines kept per file")
+    parser.add_argument(
+        "--dry-run", action="store_true", help="write the profiles and `grpo-tui check` them"
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     args.steps = args.steps or (8 if quick else 60)
-    args.restart_steps = args.restart_steps or (8 if quick else 40)
+    args.restart_steps = args.restart_steps or (8 if quick else 30)
     args.restart_sync_every = args.restart_sync_every or (4 if quick else 10)
     if quick:
         args.dtype = "float32" if args.device == "cpu" else args.dtype
@@ -913,6 +937,8 @@ def main(argv: list[str] | None = None) -> int:
     weight_bytes = params * (4 if args.dtype == "float32" else 2)
     cells = plan_cells(args, str(gpu_model), str(tiny_model))
     print(f"gpu_modes: {len(cells)} cells, model {params / 1e6:.1f} M params", flush=True)
+    if args.dry_run:
+        return dry_run(cells, work, args)
     cell_deadline = deadline - args.stop_grace - 30
     ports = free_ports(2 * len(cells) + 2)
     pairs = [(ports[i], ports[i + 1]) for i in range(0, len(ports), 2)]

@@ -1,0 +1,86 @@
+"""CPU smoke of benchmarks/gpu_modes.py: the plumbing the device run depends on.
+
+The GPU run gets very few attempts, so what can run here does: every cell's profile goes
+through the real ``grpo-tui check`` (vLLM command lines included), and one real cell runs
+the whole supervised stack on CPU with the no-orphan check (SIGKILL of the supervisor).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "benchmarks" / "gpu_modes.py"
+
+
+def gpu_modes(out: Path, *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, str(SCRIPT), "--out", str(out), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+    )
+
+
+def test_every_cell_profile_passes_check_with_the_vllm_flags(tmp_path: Path) -> None:
+    done = gpu_modes(tmp_path / "out", "--dry-run", "--quick", timeout=240)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    plans = {
+        block.split(":", 1)[0]: block
+        for block in done.stdout.split("== ")[1:]
+        if "check exit 0" in block
+    }
+    names = [f"{b}-{m}" for b in ("vllm", "builtin") for m in ("none", "lora_only")]
+    names += [f"{b}-{m}" for b in ("vllm", "builtin") for m in ("lora_restart", "shared_vllm")]
+    assert sorted(plans) == sorted(names)
+    for mode in ("none", "lora_only", "lora_restart", "shared_vllm"):
+        plan = plans[f"vllm-{mode}"]
+        assert "-m vllm.entrypoints.cli.main serve" in plan
+        assert "--enforce-eager --" in plan and "--kv-cache-memory-bytes 536870912" in plan
+        assert "--logprobs-mode processed_logprobs" in plan
+        assert "--device cuda" in plan and "--dtype bfloat16" in plan  # the trainer's
+    assert "--enable-lora" in plans["vllm-lora_only"]
+    assert "--enable-lora" not in plans["vllm-none"]
+    shared = plans["vllm-shared_vllm"]
+    assert "--worker-extension-cls grpo_trainer.sync.vllm_worker.SharedWeightsExtension" in shared
+    assert "VLLM_SERVER_DEV_MODE=1" in shared
+    assert all("--sync-every 4" in plans[f"vllm-{m}"] for m in ("none", "lora_restart"))
+    builtin_shared = plans["builtin-shared_vllm"]
+    assert "--device cpu" in builtin_shared and "--shared-weights" in builtin_shared
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(420)
+def test_one_real_cell_and_the_orphan_check_on_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    done = gpu_modes(
+        out,
+        *("--quick", "--device", "cpu", "--backends", "builtin", "--modes", "shared_vllm"),
+        *("--steps", "3", "--orphan-backend", "builtin", "--budget", "360"),
+        timeout=400,
+    )
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    raw = json.loads((out / "gpu_modes.json").read_text())
+    (cell,) = raw["cells"]
+    assert cell["status"] == "ok" and cell["steps_done"] == 3
+    assert len(cell["sync_times"]) == 3 and all(t >= 0 for t in cell["sync_times"])
+    assert len(cell["rewards"]) == 3 and cell["alignment"][0] < 1e-4  # float32, same weights
+    assert cell["inference_tok_s"] and cell["trainer_tok_s"]
+    assert cell["leftovers"] == []
+    orphan = raw["orphan_check"]
+    assert orphan["passed"] is True, orphan
+    assert {"api", "inference", "trainer"} <= {
+        entry["process"].split("[")[1].split("]")[0] for entry in orphan["before"]
+    }
+    assert orphan["left"] == [] and orphan["steps_seen"] >= 1
+    table = (out / "gpu_modes.md").read_text()
+    assert "| builtin | shared_vllm | cpu, float32, lr 0.003" in table and "| ok | 3/3 |" in table
+    assert "No-orphan check" in table and "PASSED (builtin backend)" in table
+    for name in ("gpu_diagnostics.md", "gpu_runs.tar.gz"):
+        assert (out / name).stat().st_size > 0
