@@ -10,6 +10,7 @@ ordered shutdown; while a trainer is running it asks first.
 from __future__ import annotations
 
 import os
+import sys
 import time
 import tomllib
 from collections.abc import Awaitable, Callable
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
 
 STATUS_PERIOD = 0.5
+EXIT_BAD_INPUT = 2
 MUTATING_ACTIONS = frozenset(
     {
         "restart_process",
@@ -56,13 +58,48 @@ def default_keymap_path() -> Path:
     return Path(config) / "grpo-tui" / "keymap.toml"
 
 
+class KeymapError(ValueError):
+    """The user's keymap file cannot be used (its path and the reason are in the message)."""
+
+
+def binding_ids() -> set[str]:
+    """Every binding id a keymap may name: the app's and each screen's."""
+    owners = (GrpoTuiApp, LogsScreen, HelpScreen, ModeSwitchScreen, QuitConfirmScreen)
+    return {
+        binding.id
+        for owner in owners
+        for binding in owner.BINDINGS
+        if isinstance(binding, Binding) and binding.id
+    }
+
+
 def read_keymap(path: Path) -> dict[str, str]:
-    """``binding-id = "key"`` lines of a TOML file; a missing file is an empty keymap."""
+    """``binding-id = "key"`` lines of a TOML file (optionally under ``[keymap]``).
+
+    A missing file is an empty keymap; bad TOML, a non-string key or an unknown binding id
+    raises :class:`KeymapError` naming the file and the id.
+    """
     if not path.is_file():
         return {}
-    data = tomllib.loads(path.read_text(encoding="utf-8"))
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except tomllib.TOMLDecodeError as error:
+        raise KeymapError(f"{path}: {error}") from None
     table = data.get("keymap", data)
-    return {str(k): str(v) for k, v in table.items() if isinstance(v, str)}
+    known = binding_ids()
+    problems = [
+        f"{path}: {key}: unknown binding id (known: {', '.join(sorted(known))})"
+        for key in table
+        if key not in known
+    ]
+    problems += [
+        f"{path}: {key}: expected a key name string"
+        for key, v in table.items()
+        if not isinstance(v, str)
+    ]
+    if problems:
+        raise KeymapError("\n".join(problems))
+    return dict(table)
 
 
 class GrpoTuiApp(App[int]):
@@ -290,6 +327,16 @@ class GrpoTuiApp(App[int]):
         self.exit(self.outcome.exit_code if self.outcome else 0)
 
 
+def _keymap_ok() -> bool:
+    """Check the user's keymap before anything starts; print the problems if it is bad."""
+    try:
+        read_keymap(default_keymap_path())
+    except KeymapError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return False
+    return True
+
+
 def run_app(profile: Path | str | Profile, mode: str | None = None) -> int:
     """Open the dashboard on a profile (a path or a loaded profile); returns the exit code."""
     from grpo_tui.headless import write_run_dir
@@ -297,20 +344,23 @@ def run_app(profile: Path | str | Profile, mode: str | None = None) -> int:
     from grpo_tui.roles import build_plan
     from grpo_tui.supervisor.supervisor import Supervisor
 
+    if not _keymap_ok():
+        return EXIT_BAD_INPUT
     loaded = load_profile(profile, mode=mode) if isinstance(profile, str | Path) else profile
     plan = build_plan(loaded)
     write_run_dir(plan)
     supervisor = Supervisor(plan.specs, plan.run_dir, exit_with=plan.exit_with, respec=plan.respec)
-    state = RunState(plan.run_dir.name, mode=plan.roles.mode)
-    app = GrpoTuiApp(state, supervisor=supervisor)
+    app = GrpoTuiApp(RunState(plan.run_dir.name, mode=plan.roles.mode), supervisor=supervisor)
     result = app.run()
     return result if result is not None else app.return_code or 0
 
 
 def run_view(run_dir: Path | str) -> int:
-    """Open a run directory read-only; returns 0."""
+    """Open a run directory read-only; returns 0 (2 for a bad keymap)."""
     from grpo_tui.run_files import load_run
 
+    if not _keymap_ok():
+        return EXIT_BAD_INPUT
     state, bad_lines = load_run(Path(run_dir))
     if bad_lines:
         state.apply(Notice(level="warning", message=f"{bad_lines} unreadable JSON lines skipped"))

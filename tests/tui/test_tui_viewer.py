@@ -7,11 +7,12 @@ import time
 from pathlib import Path
 from typing import get_args
 
+import pytest
 from tui_recorded_run import recorded_state
 from tui_stack import stack
 
 from grpo_trainer.serve.settings import Mode
-from grpo_tui.app import GrpoTuiApp
+from grpo_tui.app import GrpoTuiApp, KeymapError, read_keymap
 from grpo_tui.run_files import load_run
 from grpo_tui.screens.logs import LogsScreen
 from grpo_tui.screens.mode_switch import MODE_SUMMARIES
@@ -75,3 +76,14 @@ async def test_user_keymap_remaps_a_binding_by_id(tmp_path: Path) -> None:
 
 def test_mode_switch_lists_exactly_the_profile_modes() -> None:
     assert tuple(MODE_SUMMARIES) == get_args(Mode)
+
+
+def test_bad_keymap_is_refused_with_the_id(tmp_path: Path) -> None:
+    keymap = tmp_path / "keymap.toml"
+    keymap.write_text('restart-inferense = "ctrl+r"\n')
+    with pytest.raises(KeymapError, match="restart-inferense: unknown binding id"):
+        read_keymap(keymap)
+    keymap.write_text("not toml [\n")
+    with pytest.raises(KeymapError, match=str(keymap)):
+        read_keymap(keymap)
+    assert read_keymap(tmp_path / "absent.toml") == {}
