@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One device call: install the carried vLLM 0.24.0 bundle and our extra wheels, then run
 # benchmarks/gpu_modes.py (every backend x mode, the memory proof, the no-orphan check)
-# and, if time is left, benchmarks/trainer_step.py. Everything ends inside 9 minutes.
+# and, if time is left, benchmarks/trainer_step.py (its GPU line: qwen2.5-0.5b shape, bf16). Everything ends inside 9 minutes.
 #
 # Before: the vLLM parts in /root/vv/part-* (carried one per call, see docs/gpu.md).
 # Call:   run(command="bash benchmarks/gpu_device.sh", carry=[".whl"], timeout_s=600)
@@ -33,6 +33,7 @@ nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
 python3 -c "import importlib.metadata as m; print({d: m.version(d) for d in
   ('torch', 'transformers', 'vllm', 'fastapi', 'uvicorn', 'pydantic', 'tomli_w', 'peft')})"
 
+rm -rf "$WORK"   # ours: a re-run on a warm machine starts clean
 budget=$((TOTAL - SECONDS - 40))
 echo "gpu_device: gpu_modes.py budget ${budget}s"
 timeout -k 10 $((budget + 30)) python3 benchmarks/gpu_modes.py --out "$OUT" --work "$WORK" \
@@ -43,8 +44,8 @@ echo "gpu_device: gpu_modes.py exit $status after ${SECONDS}s"
 left=$((TOTAL - SECONDS))
 if [ -f benchmarks/trainer_step.py ] && [ "$left" -gt 70 ]; then
   echo "gpu_device: trainer_step.py with ${left}s left"
-  timeout -k 5 $((left - 20)) python3 benchmarks/trainer_step.py --device cuda --dtype bfloat16 \
-    > "$OUT/trainer_step.txt" 2>&1
+  timeout -k 5 $((left - 20)) python3 benchmarks/trainer_step.py --shape qwen2.5-0.5b \
+    --device cuda --dtype bfloat16 --seq-len 1024 --batch 4 > "$OUT/trainer_step.txt" 2>&1
   echo "gpu_device: trainer_step.py exit $? after ${SECONDS}s"
 fi
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv

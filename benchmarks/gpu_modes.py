@@ -135,7 +135,9 @@ class CellResult:
     @classmethod
     def of(cls, cell: Cell) -> CellResult:
         """An empty result for ``cell``."""
-        return cls(cell.backend, cell.mode, cell.device, cell.dtype, cell.lr, cell.note)
+        result = cls(cell.backend, cell.mode, cell.device, cell.dtype, cell.lr, cell.note)
+        result.steps_planned = cell.steps
+        return result
 
 
 # ----------------------------------------------------------------------------- setup
@@ -323,7 +325,6 @@ def run_cell(
 ) -> CellResult:
     """Run one cell to completion or deadline; returns its result (never raises)."""
     result = CellResult.of(cell)
-    result.steps_planned = cell.steps
     cell_dir = work / cell.name
     cell_dir.mkdir(parents=True, exist_ok=True)
     profile = cell_dir / "profile.toml"
@@ -662,6 +663,11 @@ def memory_proof(results: list[CellResult], weight_bytes: int) -> list[str]:
             verdict = "same server memory either way" if abs(diff) < 0.5 * copy else "differs"
         elif 0.5 * copy <= diff <= 1.5 * copy:
             verdict = "about one copy less: the trainer uses vLLM's weights"
+        elif label.startswith("trainer GPU") and abs(diff) < 0.5 * copy:
+            verdict = (
+                f"{diff / copy:.2f} copies: NVML may count the CUDA-IPC-mapped vLLM weights in "
+                "the trainer too; the torch row counts the trainer's own allocations only"
+            )
         else:
             verdict = f"{diff / copy:.2f} copies (expected ~1)"
         lines.append(f"| {label} | {a_mib:.0f} | {b_mib:.0f} | {diff:.0f} | {verdict} |")
@@ -890,7 +896,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None, help="steps, sync-every-step modes")
     parser.add_argument("--restart-steps", type=int, default=None, help="steps, restart modes")
     parser.add_argument("--restart-sync-every", type=int, default=None)
-    parser.add_argument("--lr", type=float, default=1e-3, help="full-weight lr (GPU model)")
+    parser.add_argument("--lr", type=float, default=3e-4, help="full-weight lr (GPU model)")
     parser.add_argument("--lora-lr", type=float, default=3e-3, help="LoRA lr (GPU model)")
     parser.add_argument("--tiny-lr", type=float, default=3e-3, help="full-weight lr, tiny model")
     parser.add_argument("--tiny-lora-lr", type=float, default=1e-2, help="LoRA lr, tiny model")
