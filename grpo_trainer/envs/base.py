@@ -175,9 +175,10 @@ class EnvRunner:
             try:
                 response = await self.api.post("/register-env", json=body)
             except httpx.TransportError as exc:
-                log.warning("API unreachable at %s (%r); retrying", self.connection.api_url, exc)
+                self._api_down(exc)
                 await self._sleep(backoff.next())
                 continue
+            self._api_back()
             if response.status_code >= 500:
                 await self._sleep(backoff.next())
                 continue
@@ -225,14 +226,9 @@ class EnvRunner:
         try:
             response = await self.api.request("GET", "/status-env", json={"env_id": self.env_id})
         except httpx.TransportError as exc:
-            if self._api_up:
-                self._api_up = False
-                log.warning("API unreachable at %s (%r); retrying with backoff",
-                            self.connection.api_url, exc)  # fmt: skip
+            self._api_down(exc)
             return None
-        if not self._api_up:
-            self._api_up = True
-            log.info("API reachable again at %s", self.connection.api_url)
+        self._api_back()
         if response.status_code in (400, 404, 422) and "env" in response.text:
             await self._reregister(f"/status-env answered {response.status_code}")
             return None
@@ -288,13 +284,15 @@ class EnvRunner:
                 if self._stop.is_set():
                     self.stats.error("api_unreachable", f"group not sent at shutdown: {exc!r}")
                     return False
-                log.warning("API unreachable (%r); retrying the group", exc)
+                self._api_down(exc)
                 await self._sleep(backoff.next())
                 continue
             except httpx.TransportError as exc:
+                self._api_down(exc)
                 self.stats.count("groups_unconfirmed")
                 self.stats.error("api_connection_lost", f"group may or may not be queued: {exc!r}")
                 return True
+            self._api_back()
             if response.status_code == 200:
                 self.stats.count("groups_sent")
                 return True
@@ -309,6 +307,18 @@ class EnvRunner:
                 f"/scored_data answered {response.status_code}: {response.text[:300]}",
             )
             return False
+
+    def _api_down(self, exc: Exception) -> None:
+        """Log the start of an API outage once; requests retry with backoff meanwhile."""
+        if self._api_up:
+            self._api_up = False
+            log.warning("API unreachable at %s (%r); retrying with backoff",
+                        self.connection.api_url, exc)  # fmt: skip
+
+    def _api_back(self) -> None:
+        if not self._api_up:
+            self._api_up = True
+            log.info("API reachable again at %s", self.connection.api_url)
 
     async def _disconnect(self) -> None:
         if self.env_id is None:
