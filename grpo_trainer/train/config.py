@@ -43,6 +43,9 @@ class TrainerConfig(BaseModel):
     device: str = "cpu"
     gradient_checkpointing: bool = False
     seed: int = 0
+    cpu_threads: int | None = Field(
+        None, ge=1, description="torch CPU threads; 1 is fastest when processes share few cores"
+    )
 
     # optimisation
     lr: float = Field(1e-5, gt=0)

@@ -68,6 +68,8 @@ def make_strategy(config: TrainerConfig, reporter: Reporter) -> WeightSync | Non
 def run_session(config: TrainerConfig) -> int:
     """Run the trainer; returns the process exit status (0, or 1 with a clear message)."""
     torch.manual_seed(config.seed)
+    if config.cpu_threads is not None:
+        torch.set_num_threads(config.cpu_threads)
     reporter = Reporter.for_run(
         save_path=config.save_path,
         metrics_file=config.metrics_file,

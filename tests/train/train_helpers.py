@@ -17,6 +17,10 @@ from grpo_trainer.train.logprobs import naive_token_logprobs
 IGNORE = -100
 REPO = Path(__file__).resolve().parents[2]
 
+# Tiny models on shared cores: one intra-op thread avoids OpenMP oversubscription, which
+# makes a step 10x slower when the machine is busy (the subprocesses get OMP_NUM_THREADS=1).
+torch.set_num_threads(1)
+
 
 def tiny_model(path: Path, seed: int = 0) -> Path:
     """A tiny Qwen2 model directory (built once per path)."""
