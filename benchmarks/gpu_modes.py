@@ -691,7 +691,8 @@ def orphan_lines(report: dict[str, Any] | None) -> list[str]:
     lines.append(f"Processes of run {report.get('run_id', '?')} before the kill:")
     lines.append("")
     for entry in report.get("before", []):
-        lines.append(f"- `{entry['process']}` GPU {entry['gpu_mib']} MiB")
+        gpu = "n/a" if entry["gpu_mib"] is None else f"{entry['gpu_mib']} MiB"
+        lines.append(f"- `{entry['process']}` GPU {gpu}")
     lines.append("")
     lines.append(
         f"After: all gone within {report.get('gone_after_s')} s; still alive: "
@@ -760,9 +761,10 @@ def markdown(
         f"--kv-cache-memory-bytes {args.kv_cache_bytes}",
         "- "
         + (
-            f"cells ran **concurrently** ({args.parallel} at a time) on one GPU and "
-            f"{info['cpus']} cores: throughput is shared between cells, so tokens/s are lower "
-            "bounds for a dedicated GPU; sync latencies include that contention too."
+            f"cells ran **concurrently** ({args.parallel} at a time) on one machine "
+            f"({info['device']}, {info['cpus']} cores): throughput is shared between cells, "
+            "so tokens/s are lower bounds for a dedicated device; sync latencies include "
+            "that contention too."
             if concurrent
             else "cells ran one after another."
         ),
