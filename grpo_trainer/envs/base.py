@@ -11,9 +11,10 @@ Failures never stop the environment. The inference server unreachable or answeri
 retry with exponential backoff. Garbage answers, a scorer that raises, a group the API
 rejects: logged with the reason, counted in ``env/errors``, next prompt. The API
 unreachable: retry with backoff. Delivery is **at most once**: a group is re-posted only
-when the request provably never reached the API (connection refused, or the API rejected
-it unread); when the connection drops after the request went out, the group is counted
-in ``env/groups_unconfirmed`` and not re-sent, so the queue never holds a duplicate.
+when the API provably did not queue it (connection refused, 503, or rejected unread for
+an unknown ``env_id``); when the connection drops after the request went out, the group
+is counted in ``env/groups_unconfirmed`` and not re-sent, so the queue never holds a
+duplicate.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from grpo_trainer.envs.tokenizer import PromptTokenizer
 log = logging.getLogger("grpo_trainer.envs")
 
 READY_LINE = "grpo-env registered"
-WAIT_STATUS = "wait for trainer to start"
 ATROPOS_MAX_BATCHES_OFFPOLICY = 3
 NOT_DELIVERED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.WriteError)
 

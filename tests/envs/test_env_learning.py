@@ -1,11 +1,16 @@
 """The toy task is learned through the real pipeline: rollout API, built-in inference server
 (weights shared in place with the trainer, ``shared_vllm``), GRPO trainer and the toy
-environment as four processes. A shortened run must show a clear reward rise."""
+environment as four processes. A shortened run must show a clear reward rise.
+
+Settings from ``benchmarks/toy_learnability.py``: group 8, 16 prompts per step, lr 3e-3;
+the queue is held to one batch ahead (``--max-batches-offpolicy 1``) so the off-policy
+lag stays near one step, as in the in-process check."""
 
 from __future__ import annotations
 
 import json
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,7 +41,9 @@ def test_toy_reward_rises_through_the_real_pipeline(spawn, tmp_path) -> None:
     api_port, serve_port = free_port(), free_port()
     api = f"http://127.0.0.1:{api_port}"
     inference = f"http://127.0.0.1:{serve_port}"
-    spawn("api", api_argv(api_port, tmp_path / "rollouts.db")).wait_http(f"{api}/health")
+    spawn(
+        "api", api_argv(api_port, tmp_path / "rollouts.db", "--max-batches-offpolicy", "1")
+    ).wait_http(f"{api}/health")
     spawn(
         "serve", serve_argv(model, serve_port, "--shared-weights", str(tmp_path / "shared"))
     ).wait_http(f"{inference}/health")
@@ -56,12 +63,14 @@ def test_toy_reward_rises_through_the_real_pipeline(spawn, tmp_path) -> None:
                  "--max-concurrency", "8", "--eval-every", "25", "--eval-k", "4"),
     )  # fmt: skip
     env.wait_line("grpo-env registered")
+    started = time.monotonic()
     assert trainer.wait(timeout=540) == 0, trainer.text()[-3000:]
+    minutes = (time.monotonic() - started) / 60
 
     curve = reward_curve(metrics_file)
     assert len(curve) == STEPS
     first = sum(r for _, r in curve[:5]) / 5
     last = sum(r for _, r in curve[-5:]) / 5
-    print(f"toy reward: first 5 steps {first:.3f}, last 5 steps {last:.3f}")
+    print(f"toy reward: first 5 steps {first:.3f}, last 5 steps {last:.3f}, {minutes:.1f} min")
     assert first < 0.2
     assert last >= 0.6

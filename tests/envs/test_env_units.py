@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from grpo_trainer.envs.base import Connection, EnvRunner
 from grpo_trainer.envs.cli import parse
 from grpo_trainer.envs.groups import build_group
 from grpo_trainer.envs.inference import BadCompletion, Sample, parse_samples
@@ -133,3 +134,18 @@ def test_toy_reward_gives_partial_credit() -> None:
     assert task.score(prompt, "") == 0.0
     assert math.isclose(task.score(prompt, "x7"), 1 / 6)
     assert [p.answer for p in task.eval_prompts(32)] == list("0123456789")
+
+
+async def test_back_pressure_rule_for_our_api_and_for_atropos(tiny_model: Path) -> None:
+    settings = EnvSettings(group_size=8)
+    runner = EnvRunner(
+        RepeatDigit(), settings, Connection("http://127.0.0.1:9", "http://127.0.0.1:9"),
+        FastTokenizer.from_dir(tiny_model),
+    )  # fmt: skip
+    runner.batch_size = 64
+    assert runner._queue_full({"pause": True, "queue_size": 0})
+    assert not runner._queue_full({"pause": False, "queue_size": 1000})
+    assert not runner._queue_full({"queue_size": 23})  # Atropos: 23 * 8 < 3 * 64
+    assert runner._queue_full({"queue_size": 24})
+    await runner.api.aclose()
+    await runner.inference.aclose()
