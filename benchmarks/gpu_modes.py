@@ -920,7 +920,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     quick = args.quick
     args.steps = args.steps or (8 if quick else 60)
-    args.restart_steps = args.restart_steps or (8 if quick else 30)
+    args.restart_steps = args.restart_steps or (8 if quick else 25)
     args.restart_sync_every = args.restart_sync_every or (4 if quick else 10)
     if quick:
         args.dtype = "float32" if args.device == "cpu" else args.dtype
