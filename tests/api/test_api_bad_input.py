@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -182,22 +183,30 @@ def test_huge_bodies(running: httpx.Client) -> None:
     assert _queue(running) == (1, 0)
 
 
-def test_token_is_required_on_every_request(start_api: Callable[..., ApiServer]) -> None:
-    server = start_api("--token", "s3cret")
-    with server.client() as anonymous:
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ApiServer]:
+    """A server with a token and one allowed browser origin."""
+    root = tmp_path_factory.mktemp("guarded")
+    flags = ["--token", "s3cret", "--cors-origin", "http://dash.local"]
+    server = ApiServer(root / "rollouts.db", root / "api.log", flags).start()
+    yield server
+    server.kill(signal.SIGTERM)
+
+
+def test_token_is_required_on_every_request(guarded: ApiServer) -> None:
+    with guarded.client() as anonymous:
         _refused(anonymous.get("/status"), 401, "Bearer")
         _refused(anonymous.post("/register", json=TRAINER), 401, "Bearer")
         assert anonymous.get("/health").status_code == 200
-    with server.client(headers={"Authorization": "Bearer wrong"}) as wrong:
+    with guarded.client(headers={"Authorization": "Bearer wrong"}) as wrong:
         _refused(wrong.get("/info"), 401, "wrong")
-    with server.client(headers={"Authorization": "Bearer s3cret"}) as holder:
+    with guarded.client(headers={"Authorization": "Bearer s3cret"}) as holder:
         assert holder.post("/register", json=TRAINER).status_code == 200
         assert holder.get("/info").json()["batch_size"] == 8
 
 
-def test_cors_only_for_listed_origins(start_api: Callable[..., ApiServer]) -> None:
-    server = start_api("--cors-origin", "http://dash.local")
-    with server.client() as client:
+def test_cors_only_for_listed_origins(guarded: ApiServer) -> None:
+    with guarded.client(headers={"Authorization": "Bearer s3cret"}) as client:
         listed = client.get("/status", headers={"Origin": "http://dash.local"})
         other = client.get("/status", headers={"Origin": "http://evil.example"})
     assert listed.headers["access-control-allow-origin"] == "http://dash.local"

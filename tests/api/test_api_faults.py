@@ -150,49 +150,43 @@ def test_sigkill_under_load_loses_nothing_and_serves_once(
     assert _integrity(db) == "ok"
 
 
-def test_leased_batch_of_a_dead_trainer_is_served_again(
-    start_api: Callable[..., ApiServer],
-) -> None:
-    server = start_api()
-    with server.client() as trainer:
-        start_run(trainer)
-        trainer.post("/scored_data_list", json=[group(m) for m in (1, 2, 3, 4)])
-        dead = trainer.get("/batch", params={"lease": 1}).json()
-        assert markers(dead["batch"]) == [1, 2]
-        alive = trainer.get("/batch", params={"lease": 30}).json()
-        assert markers(alive["batch"]) == [3, 4]
-        assert trainer.post("/batch/ack", json={"batch_id": alive["batch_id"]}).is_success
-        assert trainer.get("/batch", params={"lease": 30}).json() == {"batch": None}
+def test_leased_batch_of_a_dead_trainer_is_served_again(api: httpx.Client) -> None:
+    start_run(api)
+    api.post("/scored_data_list", json=[group(m) for m in (1, 2, 3, 4)])
+    dead = api.get("/batch", params={"lease": 1}).json()
+    assert markers(dead["batch"]) == [1, 2]
+    alive = api.get("/batch", params={"lease": 30}).json()
+    assert markers(alive["batch"]) == [3, 4]
+    assert api.post("/batch/ack", json={"batch_id": alive["batch_id"]}).is_success
+    assert api.get("/batch", params={"lease": 30}).json() == {"batch": None}
 
-        deadline = time.monotonic() + DEADLINE
-        again = {"batch": None}
-        while again["batch"] is None and time.monotonic() < deadline:
-            time.sleep(0.05)  # poll until the dead trainer's lease runs out
-            again = trainer.get("/batch", params={"lease": 30}).json()
-        assert markers(again["batch"]) == [1, 2]
-        assert trainer.post("/batch/ack", json={"batch_id": dead["batch_id"]}).status_code in (
-            404,
-            409,
-        )
-        assert trainer.post("/batch/ack", json={"batch_id": again["batch_id"]}).is_success
-        assert trainer.get("/status").json()["current_step"] == 2
+    deadline = time.monotonic() + DEADLINE
+    again = {"batch": None}
+    while again["batch"] is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # poll until the dead trainer's lease runs out
+        again = api.get("/batch", params={"lease": 30}).json()
+    assert markers(again["batch"]) == [1, 2]
+    assert api.post("/batch/ack", json={"batch_id": dead["batch_id"]}).status_code in (
+        404,
+        409,
+    )
+    assert api.post("/batch/ack", json={"batch_id": again["batch_id"]}).is_success
+    assert api.get("/status").json()["current_step"] == 2
 
-        trainer.post("/scored_data_list", json=[group(5), group(6)])
-        final = trainer.get("/batch", params={"lease": 30}).json()
-        assert markers(final["batch"]) == [5, 6], "acked batches are never served again"
+    api.post("/scored_data_list", json=[group(5), group(6)])
+    final = api.get("/batch", params={"lease": 30}).json()
+    assert markers(final["batch"]) == [5, 6], "acked batches are never served again"
 
 
-def test_late_ack_is_refused_and_the_batch_requeued(start_api: Callable[..., ApiServer]) -> None:
-    server = start_api()
-    with server.client() as trainer:
-        start_run(trainer)
-        trainer.post("/scored_data_list", json=[group(1), group(2)])
-        leased = trainer.get("/batch", params={"lease": 0.3}).json()
-        time.sleep(0.4)  # the behaviour under test is the lease running out
-        late = trainer.post("/batch/ack", json={"batch_id": leased["batch_id"]})
-        assert late.status_code == 409 and "expired" in late.json()["detail"]
-        assert trainer.get("/status").json()["current_step"] == 0
-        assert markers(trainer.get("/batch").json()["batch"]) == [1, 2]
+def test_late_ack_is_refused_and_the_batch_requeued(api: httpx.Client) -> None:
+    start_run(api)
+    api.post("/scored_data_list", json=[group(1), group(2)])
+    leased = api.get("/batch", params={"lease": 0.3}).json()
+    time.sleep(0.4)  # the behaviour under test is the lease running out
+    late = api.post("/batch/ack", json={"batch_id": leased["batch_id"]})
+    assert late.status_code == 409 and "expired" in late.json()["detail"]
+    assert api.get("/status").json()["current_step"] == 0
+    assert markers(api.get("/batch").json()["batch"]) == [1, 2]
 
 
 def test_leases_and_acks_survive_an_api_restart(
