@@ -145,3 +145,30 @@ def _healthy(url: str) -> bool:
         return httpx.get(f"{url}/health", timeout=0.5).status_code == 200
     except httpx.TransportError:
         return False
+
+
+async def test_too_long_groups_are_dropped_and_counted(
+    spawn, tmp_path: Path, tiny_model: Path, scripted_inference: str
+) -> None:
+    """``max_token_len`` 12 from the trainer: 9 prompt + 6 completion tokens never fit."""
+    ScriptedInference.script = []
+    port = free_port()
+    api = f"http://127.0.0.1:{port}"
+    spawn("api", api_argv(port, tmp_path / "rollouts.db"))
+    await eventually(lambda: _healthy(api), 60, "the API")
+    trainer = Trainer(api, batch_size=4, max_token_len=12)
+    trainer.register()
+    runner = EnvRunner(
+        RepeatDigit(), EnvSettings(group_size=4, max_concurrency=1),
+        Connection(api, scripted_inference), FastTokenizer.from_dir(tiny_model),
+    )  # fmt: skip
+    running = asyncio.create_task(runner.run())
+    await eventually(
+        lambda: runner.stats.counts["groups_dropped_too_long"] >= 2, 30, "too-long drops"
+    )
+    runner.stop()
+    stats = await asyncio.wait_for(running, 30)
+    assert stats.counts["groups_sent"] == 0 and stats.counts["errors"] == 0
+    assert runner.max_token_len == 12
+    assert trainer.status()["queue_size"] == 0
+    trainer.close()
