@@ -67,7 +67,10 @@ def build_parser(prog: str, task_fixed: bool) -> argparse.ArgumentParser:
 
 def parse(argv: list[str], task: type[Task] | None) -> tuple[EnvSettings, Connection, str]:
     """Validate the command line; exits 2 naming the flag on bad input."""
-    prog = f"python -m {task.__module__}" if task else "python -m grpo_trainer.envs"
+    module = "grpo_trainer.envs"
+    if task is not None:
+        module += f".{task.name}" if task.name in BUILTIN_TASKS else f" --task {_dotted(task)}"
+    prog = f"python -m {module}"
     parser = build_parser(prog, task_fixed=task is not None)
     args = parser.parse_args(argv)
     values = {k: v for k, v in vars(args).items() if k in SETTINGS_FLAGS and v is not None}

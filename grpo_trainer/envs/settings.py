@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 BUILTIN_TASKS = ("toy", "gsm8k")
 DOTTED_PATH = re.compile(r"^[A-Za-z_][\w.]*[:.][A-Za-z_]\w*$")
@@ -51,11 +51,12 @@ class EnvSettings(BaseModel):
             "nor a dotted path like 'my_package.tasks:MyTask'"
         )
 
-    @model_validator(mode="after")
-    def _data_file_exists(self) -> EnvSettings:
-        if self.data_file is not None and not self.data_file.is_file():
-            raise ValueError(f"data_file {str(self.data_file)!r} does not exist")
-        return self
+    @field_validator("data_file")
+    @classmethod
+    def _data_file_exists(cls, value: Path | None) -> Path | None:
+        if value is not None and not value.is_file():
+            raise ValueError(f"{str(value)!r} does not exist")
+        return value
 
     @property
     def module(self) -> str:
