@@ -62,7 +62,7 @@ def k3_kl(logp: Tensor, ref_logp: Tensor) -> Tensor:
     """Per-token KL(pi || ref) estimate ``exp(ref - logp) - (ref - logp) - 1`` (Schulman's k3,
     as in DeepSeekMath's GRPO): unbiased, always >= 0."""
     delta = ref_logp - logp
-    return torch.exp(delta) - delta - 1
+    return torch.expm1(delta) - delta  # expm1: exp(d) - 1 - d cancels to 0 in float32
 
 
 def aggregate(

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from grpo_trainer.train.loss import LossSettings, policy_loss
+from grpo_trainer.train.loss import LossSettings, k3_kl, policy_loss
 
 B, L, MAX_LEN = 4, 7, 10
 
@@ -140,3 +140,11 @@ def test_kl_without_reference_is_an_error() -> None:
         policy_loss(
             logp, mu, adv, mask, LossSettings(beta=0.1), step_sequences=B, step_tokens=1, max_len=1
         )
+
+
+def test_k3_kl_keeps_small_differences_in_float32() -> None:
+    logp = torch.tensor([-2.0, -1.0], dtype=torch.float32)
+    ref = logp + torch.tensor([1e-4, -3e-4])
+    kl = k3_kl(logp, ref)
+    expected = torch.tensor([1e-4, -3e-4], dtype=torch.float64) ** 2 / 2
+    assert torch.allclose(kl.double(), expected, rtol=1e-2)
