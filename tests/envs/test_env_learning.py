@@ -74,3 +74,8 @@ def test_toy_reward_rises_through_the_real_pipeline(spawn, tmp_path) -> None:
     print(f"toy reward: first 5 steps {first:.3f}, last 5 steps {last:.3f}, {minutes:.1f} min")
     assert first < 0.2
     assert last >= 0.6
+    # The environment evaluates the final policy on all ten prompts once step 100 lands.
+    final_eval = env.wait_line(rf"step={STEPS} eval/mean@4=(\S+) eval/pass@4=(\S+)", 120)
+    initial_eval = env.wait_line(r"step=0 eval/mean@4=(\S+)", 1)
+    assert float(final_eval.group(1)) > float(initial_eval.group(1))
+    assert float(final_eval.group(1)) >= 0.5
