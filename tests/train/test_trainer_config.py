@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
@@ -106,3 +107,14 @@ def test_absent_lora_target_modules_exit_2(tmp_path: Path) -> None:
     assert "--lora-target-modules: attn_qkv not found" in proc.stderr
     assert "q_proj" not in proc.stderr.split("not found")[0].split(":")[-1]
     assert "grpo-trainer ready" not in proc.stdout
+
+
+def test_missing_optional_packages_are_config_errors() -> None:
+    from grpo_trainer.train.__main__ import preflight
+
+    config = TrainerConfig(
+        model_name="m", optimizer="adamw_8bit", use_wandb=True, wandb_project="p"
+    )
+    problems = preflight(config)
+    assert any("bitsandbytes" in p for p in problems) == (find_spec("bitsandbytes") is None)
+    assert any("wandb is not installed" in p for p in problems) == (find_spec("wandb") is None)
