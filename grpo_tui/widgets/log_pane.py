@@ -78,12 +78,15 @@ class LogPane(Vertical):
             self.border_subtitle = "paused"
 
     def open_filter(self) -> None:
+        # an inline style takes effect at once, so the field can take focus right away
+        # (a class would only apply at the next refresh, and the keys typed meanwhile
+        # would reach the app's bindings)
         field = self.query_one(Input)
-        field.add_class("-open")
+        field.display = True
         field.focus()
 
     def close_filter(self) -> None:
-        self.query_one(Input).remove_class("-open")
+        self.query_one(Input).display = False
         self.query_one(Log).focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import psutil
 import pytest
 from textual.pilot import Pilot
-from textual.widgets import OptionList
+from textual.widgets import Input, OptionList
 from tui_stack import respec_for, stack
 
 from grpo_tui.app import GrpoTuiApp
@@ -159,7 +159,9 @@ async def test_logs_screen_follow_filter_full_screen(make_app) -> None:
         await pilot.press("f")  # follow again: catches up
         assert len(pane.text) > len(frozen) or pane.text[-1] != frozen[-1]
         await pilot.press("slash")
+        assert isinstance(app.focused, Input)
         await pilot.press(*"ready", "enter")
+        assert state_of(app, "inference") == State.READY  # "r" went to the field, not a restart
         assert pane.text and all("ready" in line for line in pane.text)
         await pilot.press("z")
         assert logs.maximized is pane
