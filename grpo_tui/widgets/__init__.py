@@ -1,0 +1,1 @@
+"""Widgets of the dashboard, by the thing they show."""
