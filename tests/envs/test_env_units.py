@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 import sys
 from pathlib import Path
 
@@ -149,3 +150,20 @@ async def test_back_pressure_rule_for_our_api_and_for_atropos(tiny_model: Path) 
     assert runner._queue_full({"queue_size": 24})
     await runner.api.aclose()
     await runner.inference.aclose()
+
+
+@pytest.mark.parametrize(
+    "module",
+    ["grpo_trainer.envs.settings", "grpo_trainer.envs.cli", "grpo_trainer.envs.toy",
+     "grpo_trainer.envs.gsm8k", "grpo_trainer.envs.base"],
+)  # fmt: skip
+def test_environment_modules_stay_light(module: str) -> None:
+    """No torch, transformers or textual: settings load fast for ``grpo-tui check`` and an
+    environment process starts in well under a second."""
+    code = (
+        f"import sys, importlib; importlib.import_module({module!r}); "
+        "heavy = {m.split('.')[0] for m in sys.modules} & {'torch', 'transformers', 'textual'}; "
+        "print(sorted(heavy)); sys.exit(1 if heavy else 0)"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.returncode == 0, f"{module} imports {proc.stdout.strip()} {proc.stderr[-500:]}"
