@@ -77,9 +77,9 @@ def run(setting: Setting, *, steps: int, target: float, seed: int, verbose: bool
         first = reward if first is None else first
         if reached is None and reward >= target:
             reached = (step, time.perf_counter() - start)
-        advantages = ((scores - scores.mean(1, keepdim=True)) / scores.std(1, keepdim=True).clamp(
-            min=1e-8
-        )).view(-1)
+        advantages = (
+            (scores - scores.mean(1, keepdim=True)) / scores.std(1, keepdim=True).clamp(min=1e-8)
+        ).view(-1)
         model.train()
         logits = model(out).logits[:, ids.shape[1] - 1 : -1] / setting.temperature
         logp = torch.log_softmax(logits, -1).gather(-1, completions.unsqueeze(-1)).squeeze(-1)
