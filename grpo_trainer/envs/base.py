@@ -29,6 +29,7 @@ from typing import Any
 
 import httpx
 
+from grpo_trainer.envs.evaluation import pass_and_mean_at_k
 from grpo_trainer.envs.groups import Group, build_group
 from grpo_trainer.envs.inference import (
     BadCompletion,
@@ -468,11 +469,7 @@ class EnvRunner:
             await asyncio.sleep(self.status_poll)
 
     async def evaluate(self, step: int) -> dict[str, float]:
-        """pass@k and mean@k over the held-out prompts; reported as ``eval/*`` metrics.
-
-        pass@k: fraction of prompts with at least one of k samples correct; mean@k: the
-        mean fraction of correct samples per prompt (``Task.is_correct`` decides).
-        """
+        """pass@k and mean@k (``evaluation.py``) over the held-out prompts, as metrics."""
         k = self.settings.eval_k
         prompts = self.task.eval_prompts(self.settings.eval_size)
         limit = asyncio.Semaphore(self.settings.max_concurrency)
@@ -491,10 +488,7 @@ class EnvRunner:
         if not results:
             log.warning("evaluation at step %d produced no results", step)
             return {}
-        data = {
-            f"eval/pass@{k}": sum(any(r) for r in results) / len(results),
-            f"eval/mean@{k}": sum(sum(r) / len(r) for r in results) / len(results),
-        }
+        data = pass_and_mean_at_k(results, k)
         self.reporter.metrics(step, data)
         return data
 

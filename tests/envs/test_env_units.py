@@ -13,6 +13,7 @@ import pytest
 
 from grpo_trainer.envs.base import Connection, EnvRunner
 from grpo_trainer.envs.cli import parse
+from grpo_trainer.envs.evaluation import pass_and_mean_at_k
 from grpo_trainer.envs.groups import build_group
 from grpo_trainer.envs.inference import BadCompletion, Sample, parse_samples
 from grpo_trainer.envs.settings import EnvSettings
@@ -167,3 +168,13 @@ def test_environment_modules_stay_light(module: str) -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, f"{module} imports {proc.stdout.strip()} {proc.stderr[-500:]}"
+
+
+def test_pass_and_mean_at_k() -> None:
+    rows = [[True, False, False, False], [False] * 4, [True] * 4]
+    assert pass_and_mean_at_k(rows, 4) == {
+        "eval/pass@4": pytest.approx(2 / 3),
+        "eval/mean@4": pytest.approx((0.25 + 0 + 1) / 3),
+    }
+    with pytest.raises(ValueError, match="no evaluated prompts"):
+        pass_and_mean_at_k([], 4)
