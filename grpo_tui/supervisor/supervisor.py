@@ -82,6 +82,10 @@ class ProcessFailed(RuntimeError):
     """A process failed for good while an operation waited for it to become ready."""
 
 
+class ShuttingDown(RuntimeError):
+    """An operation would start a process after the run's shutdown has begun."""
+
+
 class _Entry:
     """The supervisor's mutable record of one process."""
 
@@ -139,6 +143,7 @@ class Supervisor:
         self._finished = asyncio.Event()
         self._opened = False
         self._running = False
+        self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
         self._log_dirty = asyncio.Event()
         self._lifeline: int | None = None
@@ -155,11 +160,15 @@ class Supervisor:
         await self._open()
         self._running = True
         try:
-            for name in self._order:
-                self._launch(self._entries[name])
-            self._check_all_done()
+            if self._closing:
+                self._done.set()  # shutdown() came before run(): start nothing
+            else:
+                for name in self._order:
+                    self._launch(self._entries[name])
+                self._check_all_done()
             await self._done.wait()
         finally:
+            self._closing = True
             await self._stop_all()
             outcome = self._outcome or RunOutcome(1, "interrupted")
             self._notice(f"run ended: {outcome.reason}")
@@ -168,7 +177,11 @@ class Supervisor:
         return outcome
 
     async def shutdown(self, reason: str = "requested") -> None:
-        """Ordered shutdown (reverse dependency order); returns once everything stopped."""
+        """Ordered shutdown (reverse dependency order); returns once everything stopped.
+
+        From here on nothing starts again: ``start`` and ``restart`` raise ``ShuttingDown``.
+        """
+        self._closing = True
         if self._outcome is None:
             code = 0 if self.exit_with is None else 1
             self._outcome = RunOutcome(code, f"shutdown: {reason}")
@@ -184,9 +197,13 @@ class Supervisor:
             self._finished.set()
 
     async def start(self, name: str) -> None:
-        """Start a stopped, completed or failed process (it waits for its dependencies)."""
-        await self._open()
+        """Start a stopped, completed or failed process (it waits for its dependencies).
+
+        Raises ``ShuttingDown`` once the run's shutdown has begun.
+        """
         entry = self._entry(name)
+        self._refuse_if_closing(name)
+        await self._open()
         if entry.task is not None and not entry.task.done():
             return
         self._launch(entry)
@@ -216,9 +233,11 @@ class Supervisor:
         """Stop, (re-spec from ``args``), start; returns once the process is ready again.
 
         With ``with_dependents`` its dependents are stopped first and started again after
-        (each waiting for its own dependencies as at first start).
+        (each waiting for its own dependencies as at first start). Raises ``ShuttingDown``
+        if the run's shutdown has begun, also when it begins while the old process stops.
         """
         entry = self._entry(name)
+        self._refuse_if_closing(name)
         new_spec = self._respec(name, args) if args else None
         followers = graph.dependents(list(self._specs.values()), name) if with_dependents else []
         for follower in reversed(followers):
@@ -393,7 +412,7 @@ class Supervisor:
     async def _life(self, entry: _Entry) -> None:
         if not await self._dependencies_met(entry):
             return
-        while not entry.stop_requested:
+        while not entry.stop_requested and not self._closing:
             code, reason, lasted = await self._run_once(entry)
             if entry.stop_requested:
                 return
@@ -610,6 +629,7 @@ class Supervisor:
 
     def _finish(self, outcome: RunOutcome) -> None:
         self._outcome = outcome
+        self._closing = True
         self._done.set()
 
     def _publish(self, event: Event) -> None:
@@ -713,6 +733,10 @@ class Supervisor:
         if name not in self._specs:
             raise KeyError(f"no process named {name!r}")
         return self._entries[name]
+
+    def _refuse_if_closing(self, name: str) -> None:
+        if self._closing:
+            raise ShuttingDown(f"supervisor is shutting down: not starting {name}")
 
     def _by_role(self, role: str) -> str:
         names = [n for n in self._order if self._specs[n].role == role]

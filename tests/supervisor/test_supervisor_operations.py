@@ -1,0 +1,69 @@
+"""Operations racing each other or the run's end: shutdown, concurrent restarts, crash respec."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+from conftest import child, free_port, spec
+
+from grpo_tui.supervisor.events import Notice, State
+from grpo_tui.supervisor.spec import Shutdown, TcpProbe
+from grpo_tui.supervisor.supervisor import ShuttingDown
+
+
+def stubborn(name: str = "inference", timeout: float = 1.0) -> object:
+    """A child that ignores SIGTERM, so stopping it takes the whole shutdown timeout."""
+    return spec(
+        name,
+        child("stubborn.py"),
+        role="inference",
+        readiness={"kind": "log_line", "pattern": "ignoring SIGTERM"},
+        shutdown=Shutdown(timeout=timeout),
+    )
+
+
+async def test_restart_in_flight_when_shutdown_begins_is_refused(supervise) -> None:
+    h = supervise([stubborn()])
+    await h.state("inference", State.READY)
+    restart = asyncio.create_task(h.sup.restart("inference"))
+    await h.state("inference", State.STOPPING)
+    await h.sup.shutdown("test")
+    await h.run_task
+    with pytest.raises(ShuttingDown, match="shutting down"):
+        await asyncio.wait_for(restart, 10)
+    spawns = [e for e in h.changes("inference") if e.new == State.STARTING]
+    assert len(spawns) == 1, "inference was started again after shutdown began"
+    assert h.sup.status()["inference"].state == State.STOPPED
+    with pytest.raises(ShuttingDown):
+        await h.sup.start("inference")
+    assert h.sup.status()["inference"].pid is None
+
+
+async def test_control_restart_during_shutdown_replies_not_ok(supervise) -> None:
+    port = free_port()
+    inference = spec(
+        "inference",
+        child("listener.py", "--port", port),
+        role="inference",
+        readiness=TcpProbe(port=port, period=0.05),
+    )
+    trainer = spec(
+        "trainer",
+        child("asker.py", "inference"),
+        role="trainer",
+        depends_on={"inference": {"condition": "process_healthy"}},
+        readiness={"kind": "log_line", "pattern": "asker ready"},
+        shutdown=Shutdown(timeout=20),
+    )
+    h = supervise([inference, trainer])
+    await h.state("trainer", State.READY)
+    await h.sup.shutdown("test")
+    await asyncio.wait_for(h.run_task, 30)
+    line = next(x for x in h.sup.recent_lines("trainer") if x.startswith("reply "))
+    reply = json.loads(line.removeprefix("reply "))
+    assert not reply["ok"] and "shutting down" in reply["error"]
+    assert len([e for e in h.changes("inference") if e.new == State.STARTING]) == 1
+    assert h.sup.status()["inference"].state == State.STOPPED
+    assert any(isinstance(e, Notice) and "run ended" in e.message for e in h.events)
