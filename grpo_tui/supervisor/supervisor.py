@@ -14,7 +14,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -105,6 +105,7 @@ class _Entry:
         self.stop_requested = False
         self.wake = asyncio.Event()
         self.changed = asyncio.Event()
+        self.lock = asyncio.Lock()  # one start/stop/restart at a time
 
     @property
     def ready(self) -> bool:
@@ -203,25 +204,14 @@ class Supervisor:
         """
         entry = self._entry(name)
         self._refuse_if_closing(name)
-        await self._open()
-        if entry.task is not None and not entry.task.done():
-            return
-        self._launch(entry)
+        async with entry.lock:
+            await self._start(entry)
 
     async def stop(self, name: str) -> None:
         """Stop a process (shutdown signal, timeout, SIGKILL, confirm); it stays stopped."""
         entry = self._entry(name)
-        entry.stop_requested = True
-        entry.wake.set()
-        child = entry.child
-        if child is not None and child.returncode is None and entry.state in ALIVE:
-            self._set_state(entry, State.STOPPING, reason="stop requested")
-            survivors = await child.stop(entry.spec.shutdown.signum, entry.spec.shutdown.timeout)
-            self._report_survivors(entry, survivors)
-        if entry.task is not None:
-            await asyncio.shield(entry.task)
-        if entry.state not in (State.COMPLETED, State.FAILED, State.STOPPED):
-            self._set_state(entry, State.STOPPED, reason="stopped on request")
+        async with entry.lock:
+            await self._stop(entry)
 
     async def restart(
         self,
@@ -235,26 +225,34 @@ class Supervisor:
         With ``with_dependents`` its dependents are stopped first and started again after
         (each waiting for its own dependencies as at first start). Raises ``ShuttingDown``
         if the run's shutdown has begun, also when it begins while the old process stops.
+        Concurrent operations on one process run one after the other (per-process locks,
+        held from stop to start, not while waiting for readiness).
         """
         entry = self._entry(name)
         self._refuse_if_closing(name)
-        new_spec = self._respec(name, args) if args else None
         followers = graph.dependents(list(self._specs.values()), name) if with_dependents else []
-        for follower in reversed(followers):
-            await self.stop(follower)
-        await self.stop(name)
-        if new_spec is not None:
-            self._specs[name] = entry.spec = new_spec
-        entry.attempt = 0
-        await self.start(name)
-        for follower in followers:
-            await self.start(follower)
+        async with self._locked(name, *followers):
+            new_spec = self._respec(name, args) if args else None
+            for follower in reversed(followers):
+                await self._stop(self._entries[follower])
+            await self._stop(entry)
+            if new_spec is not None:
+                self._specs[name] = entry.spec = new_spec
+            entry.attempt = 0
+            await self._start(entry)
+            for follower in followers:
+                await self._start(self._entries[follower])
         await self.wait_ready(name)
 
     async def wait_ready(self, name: str) -> None:
-        """Return when ``name`` is ready; raise ProcessFailed if it fails for good first."""
+        """Return when ``name`` is ready; raise ProcessFailed if it fails for good or is
+        stopped first."""
         entry = self._entry(name)
-        await self._wait_for(entry, lambda: entry.ready or entry.gave_up)
+        await self._wait_for(
+            entry, lambda: entry.ready or entry.gave_up or entry.state == State.STOPPED
+        )
+        if entry.state == State.STOPPED:
+            raise ProcessFailed(f"{name} was stopped before it became ready")
         if not entry.ready:
             raise ProcessFailed(f"{name} failed: {entry.last_reason}")
 
@@ -266,7 +264,11 @@ class Supervisor:
         child.send_signal(sig)
 
     async def kill(self, name: str) -> None:
-        """SIGKILL the process and its descendants at once; it stays stopped."""
+        """SIGKILL the process and its descendants at once; it stays stopped.
+
+        The SIGKILL does not wait for an operation in progress (a kill is how a person cuts
+        a slow stop short); the confirming stop after it does.
+        """
         entry = self._entry(name)
         entry.stop_requested = True
         entry.wake.set()
@@ -282,15 +284,17 @@ class Supervisor:
         """
         trainer = self._by_role("trainer")
         inference = self._by_role("inference")
+        self._refuse_if_closing(inference)
         note = self._notice
-        note(f"switching to mode {mode}: stopping {trainer} (it checkpoints first)")
-        await self.stop(trainer)
-        note(f"stopping {inference}")
-        await self.stop(inference)
-        for name in (inference, trainer):
-            self._specs[name] = self._entries[name].spec = self._respec(name, {"mode": mode})
-        note(f"starting {inference} in mode {mode}")
-        await self.start(inference)
+        async with self._locked(inference, trainer):
+            note(f"switching to mode {mode}: stopping {trainer} (it checkpoints first)")
+            await self._stop(self._entries[trainer])
+            note(f"stopping {inference}")
+            await self._stop(self._entries[inference])
+            for name in (inference, trainer):
+                self._specs[name] = self._entries[name].spec = self._respec(name, {"mode": mode})
+            note(f"starting {inference} in mode {mode}")
+            await self._start(self._entries[inference])
         await self.wait_ready(inference)
         note(f"starting {trainer} (resuming from its checkpoint)")
         await self.start(trainer)
@@ -400,6 +404,36 @@ class Supervisor:
         }
 
     # ------------------------------------------------------------------ life cycle
+
+    @contextlib.asynccontextmanager
+    async def _locked(self, *names: str) -> AsyncIterator[None]:
+        """Hold the operation locks of ``names``, taken in start order (no deadlock)."""
+        async with contextlib.AsyncExitStack() as stack:
+            for name in sorted(set(names), key=self._order.index):
+                await stack.enter_async_context(self._entries[name].lock)
+            yield
+
+    async def _start(self, entry: _Entry) -> None:
+        """``start`` with the entry's lock held."""
+        self._refuse_if_closing(entry.spec.name)
+        await self._open()
+        if entry.task is not None and not entry.task.done():
+            return
+        self._launch(entry)
+
+    async def _stop(self, entry: _Entry) -> None:
+        """``stop`` with the entry's lock held."""
+        entry.stop_requested = True
+        entry.wake.set()
+        child = entry.child
+        if child is not None and child.returncode is None and entry.state in ALIVE:
+            self._set_state(entry, State.STOPPING, reason="stop requested")
+            survivors = await child.stop(entry.spec.shutdown.signum, entry.spec.shutdown.timeout)
+            self._report_survivors(entry, survivors)
+        if entry.task is not None:
+            await asyncio.shield(entry.task)
+        if entry.state not in (State.COMPLETED, State.FAILED, State.STOPPED):
+            self._set_state(entry, State.STOPPED, reason="stopped on request")
 
     def _launch(self, entry: _Entry) -> None:
         entry.stop_requested = False

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 
 import pytest
 from conftest import child, free_port, spec
 
-from grpo_tui.supervisor.events import Notice, State
-from grpo_tui.supervisor.spec import Shutdown, TcpProbe
-from grpo_tui.supervisor.supervisor import ShuttingDown
+from grpo_tui.supervisor.events import Notice, Restarting, State
+from grpo_tui.supervisor.spec import RestartPolicy, Shutdown, TcpProbe
+from grpo_tui.supervisor.supervisor import ProcessFailed, ShuttingDown
 
 
 def stubborn(name: str = "inference", timeout: float = 1.0) -> object:
@@ -67,3 +68,40 @@ async def test_control_restart_during_shutdown_replies_not_ok(supervise) -> None
     assert len([e for e in h.changes("inference") if e.new == State.STARTING]) == 1
     assert h.sup.status()["inference"].state == State.STOPPED
     assert any(isinstance(e, Notice) and "run ended" in e.message for e in h.events)
+
+
+def worker() -> object:
+    """A quick child that restarts on failure, so a SIGKILL it did not ask for shows as a crash."""
+    return spec(
+        "worker",
+        [sys.executable, "-c", "import time\nprint('up', flush=True)\ntime.sleep(600)"],
+        readiness={"kind": "log_line", "pattern": "^up$"},
+        restart=RestartPolicy(policy="on_failure", backoff_base=0.05, max_restarts=20),
+    )
+
+
+async def test_concurrent_restarts_are_serialised(supervise) -> None:
+    h = supervise([worker()])
+    await h.state("worker", State.READY)
+    for _ in range(3):
+        restarts = [h.sup.restart("worker") for _ in range(3)]
+        await asyncio.wait_for(asyncio.gather(*restarts), 30)
+        assert h.sup.status()["worker"].state == State.READY
+    assert not [e for e in h.events if isinstance(e, Restarting)], "a fresh child was killed"
+    status = h.sup.status()["worker"]
+    assert status.restarts == 0 and status.pid is not None
+    ended = [e for e in h.changes("worker") if e.new in (State.BACKOFF, State.FAILED)]
+    assert ended == []
+
+
+async def test_stop_then_restart_and_restart_then_stop_end_as_asked(supervise) -> None:
+    h = supervise([worker()])
+    await h.state("worker", State.READY)
+    await asyncio.wait_for(asyncio.gather(h.sup.stop("worker"), h.sup.restart("worker")), 30)
+    assert h.sup.status()["worker"].state == State.READY
+    restart = asyncio.create_task(h.sup.restart("worker"))
+    await asyncio.wait_for(h.sup.stop("worker"), 30)
+    with pytest.raises(ProcessFailed, match="stopped"):
+        await asyncio.wait_for(restart, 30)
+    status = h.sup.status()["worker"]
+    assert status.state == State.STOPPED and status.pid is None and status.restarts == 0
