@@ -473,6 +473,23 @@ class Supervisor:
             self._set_state(entry, State.BACKOFF, reason=f"{reason}; restart in {delay:g} s")
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(entry.wake.wait(), delay)
+            if not entry.stop_requested and not self._closing:
+                self._refresh_spec(entry)
+
+    def _refresh_spec(self, entry: _Entry) -> None:
+        """Before a crash restart: the newest spec from ``respec(name, {})`` (e.g. inference
+        serving the latest adapter); if that raises, say so and keep the last spec."""
+        if self.respec is None:
+            return
+        name = entry.spec.name
+        try:
+            spec = self._respec(name, {})
+        except Exception as exc:  # the callback is the role layer's code; a restart must go on
+            self._notice(
+                f"{name}: respec failed, restarting with the last spec: {exc}", level="warning"
+            )
+            return
+        self._specs[name] = entry.spec = spec
 
     def _give_up(self, entry: _Entry, reason: str, code: int | None) -> None:
         entry.gave_up = True

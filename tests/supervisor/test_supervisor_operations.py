@@ -105,3 +105,43 @@ async def test_stop_then_restart_and_restart_then_stop_end_as_asked(supervise) -
         await asyncio.wait_for(restart, 30)
     status = h.sup.status()["worker"]
     assert status.state == State.STOPPED and status.pid is None and status.restarts == 0
+
+
+def versioned(version: str, *, crash: bool) -> object:
+    """A child printing its spec's version; the crashing one exits 3 before it is ready."""
+    code = f"print('{version}', flush=True)\n" + (
+        "raise SystemExit(3)" if crash else "print('up', flush=True)\nimport time\ntime.sleep(600)"
+    )
+    return spec(
+        "server",
+        [sys.executable, "-c", code],
+        role="inference",
+        readiness={"kind": "log_line", "pattern": "^up$"},
+        restart=RestartPolicy(policy="on_failure", backoff_base=0.05, max_restarts=1),
+    )
+
+
+async def test_crash_restart_rebuilds_the_spec_through_respec(supervise) -> None:
+    calls: list[tuple[str, dict]] = []
+
+    def respec(name: str, args: dict) -> object:
+        calls.append((name, dict(args)))
+        return versioned("v2", crash=False)
+
+    h = supervise([versioned("v1", crash=True)], respec=respec)
+    await h.state("server", State.READY)
+    assert calls == [("server", {})]
+    assert h.sup.recent_lines("server") == ["v1", "v2", "up"]
+    assert h.sup.status()["server"].restarts == 1
+
+
+async def test_crash_restart_keeps_the_last_spec_when_respec_raises(supervise) -> None:
+    def respec(name: str, args: dict) -> object:
+        raise ValueError("no adapter yet")
+
+    h = supervise([versioned("v1", crash=True)], respec=respec, exit_with="server")
+    outcome = await asyncio.wait_for(h.run_task, 30)
+    assert outcome.exit_code == 1 and "gave up after 1 restarts" in outcome.reason
+    assert h.sup.recent_lines("server") == ["v1", "v1"]
+    notices = [e.message for e in h.events if isinstance(e, Notice) and "respec" in e.message]
+    assert len(notices) == 1 and "no adapter yet" in notices[0]
