@@ -134,7 +134,8 @@ class EnvRunner:
     async def run(self) -> EnvStats:
         """Register, then produce groups until stopped or ``max_groups`` are sent."""
         try:
-            await self.register()
+            if await self.register() is None:
+                return self.stats
             await self._read_info()
             tasks = [
                 asyncio.create_task(self._worker()) for _ in range(self.settings.max_concurrency)
@@ -161,8 +162,9 @@ class EnvRunner:
 
     # ---- rollout API -----------------------------------------------------------------
 
-    async def register(self) -> dict[str, Any]:
-        """``POST /register-env``, retried while the trainer has not started or the API is down."""
+    async def register(self) -> dict[str, Any] | None:
+        """``POST /register-env``, retried while the trainer has not started or the API is
+        down; the API's answer, or None when asked to stop first."""
         body = {
             "max_token_length": self.settings.max_token_length,
             "desired_name": self.settings.registered_name,
@@ -172,7 +174,7 @@ class EnvRunner:
         }
         backoff = Backoff(cap=2.0)
         said_waiting = False
-        while True:
+        while not self._stop.is_set():
             try:
                 response = await self.api.post("/register-env", json=body)
             except httpx.TransportError as exc:
@@ -187,7 +189,12 @@ class EnvRunner:
                 raise FatalEnvError(
                     f"the API refused /register-env ({response.status_code}): {response.text}"
                 )
-            answer = response.json()
+            try:
+                answer = response.json()
+            except ValueError:
+                log.warning("/register-env answered non-JSON: %r", response.text[:200])
+                await self._sleep(backoff.next())
+                continue
             if answer.get("status") == "success":
                 self.env_id = int(answer["env_id"])
                 print(READY_LINE, flush=True)
@@ -197,6 +204,7 @@ class EnvRunner:
                 log.info("API says %r; retrying until the trainer starts", answer.get("status"))
                 said_waiting = True
             await self._sleep(backoff.next())
+        return None
 
     async def _reregister(self, reason: str) -> None:
         """Register again (the API forgot us, e.g. after a reset); one worker does it."""
@@ -208,13 +216,14 @@ class EnvRunner:
 
     async def _read_info(self) -> None:
         backoff = Backoff()
-        while True:
+        info: dict[str, Any] = {}
+        while not self._stop.is_set():
             try:
                 response = await self.api.get("/info")
                 response.raise_for_status()
                 info = response.json()
                 break
-            except (httpx.TransportError, httpx.HTTPStatusError) as exc:
+            except (httpx.TransportError, httpx.HTTPStatusError, ValueError) as exc:
                 log.warning("GET /info failed (%r); retrying", exc)
                 await self._sleep(backoff.next())
         self.batch_size = int(info.get("batch_size", -1))
@@ -278,6 +287,7 @@ class EnvRunner:
     async def _post(self, group: Group) -> bool:
         """``POST /scored_data``, at most once; True when queued or possibly queued."""
         backoff = Backoff()
+        registered_again = False
         while True:
             try:
                 response = await self.api.post("/scored_data", json=group.payload(self.env_id))
@@ -300,7 +310,9 @@ class EnvRunner:
             if response.status_code == 503:
                 await self._sleep(backoff.next())
                 continue
-            if response.status_code in (400, 404, 422) and "env_id" in response.text:
+            forgotten = response.status_code in (400, 404, 422) and "env_id" in response.text
+            if forgotten and not registered_again:
+                registered_again = True
                 await self._reregister(f"/scored_data answered {response.status_code}")
                 continue
             self.stats.error(

@@ -172,3 +172,25 @@ async def test_too_long_groups_are_dropped_and_counted(
     assert runner.max_token_len == 12
     assert trainer.status()["queue_size"] == 0
     trainer.close()
+
+
+async def test_stop_while_waiting_for_the_trainer_returns_promptly(
+    spawn, tmp_path: Path, tiny_model: Path, scripted_inference: str, caplog
+) -> None:
+    """SIGTERM (``stop``) while the API still says "wait for trainer to start"."""
+    caplog.set_level(logging.INFO, logger="grpo_trainer.envs")
+    port = free_port()
+    api = f"http://127.0.0.1:{port}"
+    spawn("api", api_argv(port, tmp_path / "rollouts.db"))
+    await eventually(lambda: _healthy(api), 60, "the API")
+    runner = EnvRunner(
+        RepeatDigit(), EnvSettings(group_size=4), Connection(api, scripted_inference),
+        FastTokenizer.from_dir(tiny_model),
+    )  # fmt: skip
+    running = asyncio.create_task(runner.run())
+    await eventually(lambda: "wait for trainer to start" in caplog.text, 30, "a wait answer")
+    runner.stop()
+    stats = await asyncio.wait_for(running, 10)
+    assert runner.env_id is None
+    assert stats.counts["groups_sent"] == 0
+    assert ScriptedInference.requests == 0
