@@ -4,6 +4,7 @@ back-pressure pauses production until the trainer takes a batch."""
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -109,4 +110,28 @@ def test_back_pressure_pauses_production(spawn, tmp_path, tiny_model, inference)
     wait_until(lambda: env.text().count("producing") > resumed, 30, "production to resume")
     wait_until(lambda: trainer.status()["queue_sequences"] >= 2 * GROUP, 60, "the queue to refill")
     assert paused_at <= bound
+    trainer.close()
+
+
+def test_env_registers_again_after_an_api_reset(spawn, tmp_path, tiny_model, inference) -> None:
+    """``GET /reset_data`` forgets every environment: ours notices (404 on /status-env),
+    waits for the trainer to register again, and resumes under its new env_id."""
+    api = start_api(spawn, tmp_path)
+    trainer = Trainer(api, batch_size=GROUP)
+    trainer.register()
+    env = spawn(
+        "env",
+        env_argv("grpo_trainer.envs.toy", api, inference, tiny_model, "--group-size",
+                 str(GROUP), "--max-concurrency", "2", "--name", "toy"),
+    )  # fmt: skip
+    wait_until(lambda: trainer.status()["queue_size"] >= 1, 60, "a first group")
+    assert trainer.client.get("/reset_data").status_code == 200
+    env.wait_line("registering again: /status-env answered 404")
+    trainer.register()
+    ids = wait_until(
+        lambda: [int(i) for i in re.findall(r"registered as env_id=(\d+)", env.text())][1:],
+        60, "the second registration",
+    )  # fmt: skip
+    wait_until(lambda: trainer.status()["queue_size"] >= 1, 60, "a group after the reset")
+    assert {g["env_id"] for g in trainer.take()} == {ids[0]}
     trainer.close()
