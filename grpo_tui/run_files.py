@@ -1,6 +1,7 @@
 """Rebuild a :class:`RunState` from a run directory (``grpo-tui view``), read-only.
 
-Events come from ``events.jsonl``, metrics from ``metrics.jsonl`` (the complete record:
+Events come from ``events.jsonl`` (``ProcessPlanned`` records give each row its role and
+port), metrics from ``metrics.jsonl`` (the complete record:
 the event stream's metrics copies are skipped when it exists), and each process's output
 from the tail of ``logs/<process>.log``. Lines that are not valid JSON are counted and
 skipped: a run killed mid-write still opens.
@@ -23,6 +24,7 @@ from grpo_tui.supervisor.events import Event, MetricsRecord, State
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.__name__: cls
     for cls in (
+        ev.ProcessPlanned,
         ev.StateChanged,
         ev.ProbeResult,
         ev.LogBatch,
@@ -39,17 +41,23 @@ TAIL_BYTES = 1 << 20
 
 
 def event_from_json(record: dict[str, Any]) -> Event | None:
-    """The typed event of one ``events.jsonl`` line (``None`` for an unknown type)."""
+    """The typed event of one ``events.jsonl`` line (``None`` for an unknown type or a
+    record missing a field)."""
     cls = EVENT_TYPES.get(str(record.get("type")))
     if cls is None:
         return None
     names = {f.name for f in fields(cls)}
     kwargs = {k: v for k, v in record.items() if k in names}
-    if cls is ev.StateChanged:
-        kwargs["old"], kwargs["new"] = State(kwargs["old"]), State(kwargs["new"])
-    if cls is ev.LogBatch:
-        kwargs["lines"] = tuple(kwargs.get("lines", ()))
-    return cls(**kwargs)
+    try:
+        if cls is ev.StateChanged:
+            kwargs["old"], kwargs["new"] = State(kwargs["old"]), State(kwargs["new"])
+        if cls is ev.LogBatch:
+            kwargs["lines"] = tuple(kwargs.get("lines", ()))
+        if cls is ev.ProcessPlanned:
+            kwargs["command"] = tuple(kwargs.get("command", ()))
+        return cls(**kwargs)
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _json_lines(path: Path) -> Iterator[dict[str, Any] | None]:
@@ -104,6 +112,9 @@ def load_run(run_dir: Path, *, max_log_lines: int = 5000) -> tuple[RunState, int
         )
     events.sort(key=lambda event: event.t)
     for event in events:
+        if isinstance(event, ev.ProcessPlanned):
+            row = state.process(event.process)
+            row.role, row.port = event.role, event.port
         state.apply(event)
     if events:
         state.finished_at = events[-1].t

@@ -52,6 +52,17 @@ class StateChanged(Event):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ProcessPlanned(Event):
+    """One process of the plan: sent for each at run start (in start order) and again when
+    its spec is rebuilt, so that ``events.jsonl`` alone tells a viewer role, port, command."""
+
+    process: str
+    role: str
+    port: int | None
+    command: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProbeResult(Event):
     process: str
     probe: str  # "readiness" | "liveness"

@@ -30,6 +30,7 @@ from grpo_tui.supervisor.events import (
     MetricsRecord,
     Notice,
     ProbeResult,
+    ProcessPlanned,
     Restarting,
     State,
     StateChanged,
@@ -160,6 +161,8 @@ class Supervisor:
         """Start everything, supervise until the run ends, shut down in order."""
         await self._open()
         self._running = True
+        for name in self._order:
+            self._publish_plan(self._entries[name].spec)
         try:
             if self._closing:
                 self._done.set()  # shutdown() came before run(): start nothing
@@ -237,7 +240,7 @@ class Supervisor:
                 await self._stop(self._entries[follower])
             await self._stop(entry)
             if new_spec is not None:
-                self._specs[name] = entry.spec = new_spec
+                self._replace_spec(entry, new_spec)
             entry.attempt = 0
             await self._start(entry)
             for follower in followers:
@@ -292,7 +295,7 @@ class Supervisor:
             note(f"stopping {inference}")
             await self._stop(self._entries[inference])
             for name in (inference, trainer):
-                self._specs[name] = self._entries[name].spec = self._respec(name, {"mode": mode})
+                self._replace_spec(self._entries[name], self._respec(name, {"mode": mode}))
             note(f"starting {inference} in mode {mode}")
             await self._start(self._entries[inference])
         await self.wait_ready(inference)
@@ -489,7 +492,19 @@ class Supervisor:
                 f"{name}: respec failed, restarting with the last spec: {exc}", level="warning"
             )
             return
-        self._specs[name] = entry.spec = spec
+        self._replace_spec(entry, spec)
+
+    def _replace_spec(self, entry: _Entry, spec: ProcessSpec) -> None:
+        if spec != entry.spec:
+            self._publish_plan(spec)
+        self._specs[spec.name] = entry.spec = spec
+
+    def _publish_plan(self, spec: ProcessSpec) -> None:
+        self._publish(
+            ProcessPlanned(
+                process=spec.name, role=spec.role, port=spec.port, command=tuple(spec.command)
+            )
+        )
 
     def _give_up(self, entry: _Entry, reason: str, code: int | None) -> None:
         entry.gave_up = True

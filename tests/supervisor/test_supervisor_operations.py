@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import child, free_port, spec
 
-from grpo_tui.supervisor.events import Notice, Restarting, State
+from grpo_tui.supervisor.events import Notice, ProcessPlanned, Restarting, State
 from grpo_tui.supervisor.spec import RestartPolicy, Shutdown, TcpProbe
 from grpo_tui.supervisor.supervisor import ProcessFailed, ShuttingDown
 
@@ -133,6 +133,14 @@ async def test_crash_restart_rebuilds_the_spec_through_respec(supervise) -> None
     assert calls == [("server", {})]
     assert h.sup.recent_lines("server") == ["v1", "v2", "up"]
     assert h.sup.status()["server"].restarts == 1
+    planned = [e for e in h.events if isinstance(e, ProcessPlanned)]
+    assert [e.command[-1].splitlines()[0] for e in planned] == [
+        "print('v1', flush=True)",
+        "print('v2', flush=True)",
+    ]
+    assert {(e.process, e.role, e.port) for e in planned} == {("server", "inference", None)}
+    journal = (h.sup.run_dir / "events.jsonl").read_text()
+    assert journal.count('"type": "ProcessPlanned"') == 2
 
 
 async def test_crash_restart_keeps_the_last_spec_when_respec_raises(supervise) -> None:
