@@ -32,9 +32,13 @@ class RotatingLog:
         self._file: BinaryIO | None = None
         self._size = 0
 
-    def write(self, data: bytes) -> None:
+    def open(self) -> None:
+        """Create (or reopen) the file now, so a process that never prints still has one."""
         if self._file is None:
             self._open()
+
+    def write(self, data: bytes) -> None:
+        self.open()
         if self._size + len(data) > self.max_bytes:
             cut = data.rfind(b"\n") + 1
             if cut:
@@ -44,7 +48,6 @@ class RotatingLog:
         self._write(data)
 
     def _open(self) -> None:
-        """Opened at the first write, so a process that never prints leaves no empty file."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._file = self.path.open("ab")
         self._size = self._file.tell()

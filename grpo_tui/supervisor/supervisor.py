@@ -564,6 +564,7 @@ class Supervisor:
         if spec.readiness is not None and spec.readiness.kind == "log_line":
             matcher = probes.LogMatcher(spec.readiness.pattern)
         entry.sink.on_line = matcher
+        entry.sink.file.open()
         try:
             child = await ChildProcess.spawn(
                 spec,

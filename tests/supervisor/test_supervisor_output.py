@@ -88,3 +88,13 @@ async def test_heavy_output_with_a_stuck_subscriber_loses_no_line_in_the_file(su
         dropped += getattr(event, "dropped", 0)
     assert dropped > 0
     stuck.close()
+
+
+async def test_a_silent_process_still_has_its_log_file(supervise) -> None:
+    silent = spec("inference", [sys.executable, "-c", "import time; time.sleep(600)"])
+    h = supervise([silent])
+    await h.state("inference", State.RUNNING)
+    log = h.sup.run_dir / "logs" / "inference.log"
+    assert log.is_file() and log.read_bytes() == b""
+    await h.sup.shutdown("test")
+    assert log.is_file() and log.read_bytes() == b""
