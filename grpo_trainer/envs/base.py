@@ -114,6 +114,7 @@ class EnvRunner:
         self._last_report: dict[str, float] = {}
         self._stop = asyncio.Event()
         self._registering = asyncio.Lock()
+        self._registrations = 0
         headers = (
             {"Authorization": f"Bearer {connection.api_token}"} if connection.api_token else {}
         )
@@ -197,6 +198,7 @@ class EnvRunner:
                 continue
             if answer.get("status") == "success":
                 self.env_id = int(answer["env_id"])
+                self._registrations += 1
                 print(READY_LINE, flush=True)
                 log.info("registered as env_id=%s (%s)", self.env_id, answer)
                 return answer
@@ -206,11 +208,15 @@ class EnvRunner:
             await self._sleep(backoff.next())
         return None
 
-    async def _reregister(self, reason: str) -> None:
-        """Register again (the API forgot us, e.g. after a reset); one worker does it."""
-        stale = self.env_id
+    async def _reregister(self, reason: str, seen: int) -> None:
+        """Register again (the API forgot us, e.g. after a reset); one worker does it.
+
+        ``seen`` is the registration count when the refused request was sent: a request
+        that raced an earlier re-registration does not register a second time. (Counted,
+        not compared by ``env_id``: after a reset the API may hand out the same id again.)
+        """
         async with self._registering:
-            if self.env_id == stale:
+            if self._registrations == seen:
                 log.warning("registering again: %s", reason)
                 await self.register()
 
@@ -233,6 +239,7 @@ class EnvRunner:
 
     async def _status(self) -> dict[str, Any] | None:
         """``GET /status-env`` (JSON body on a GET, as Atropos does); None on failure."""
+        seen = self._registrations
         try:
             response = await self.api.request("GET", "/status-env", json={"env_id": self.env_id})
         except httpx.TransportError as exc:
@@ -240,7 +247,7 @@ class EnvRunner:
             return None
         self._api_back()
         if response.status_code in (400, 404, 422) and "env" in response.text:
-            await self._reregister(f"/status-env answered {response.status_code}")
+            await self._reregister(f"/status-env answered {response.status_code}", seen)
             return None
         if response.status_code != 200:
             return None
@@ -289,6 +296,7 @@ class EnvRunner:
         backoff = Backoff()
         registered_again = False
         while True:
+            seen = self._registrations
             try:
                 response = await self.api.post("/scored_data", json=group.payload(self.env_id))
             except NOT_DELIVERED as exc:
@@ -313,7 +321,7 @@ class EnvRunner:
             forgotten = response.status_code in (400, 404, 422) and "env_id" in response.text
             if forgotten and not registered_again:
                 registered_again = True
-                await self._reregister(f"/scored_data answered {response.status_code}")
+                await self._reregister(f"/scored_data answered {response.status_code}", seen)
                 continue
             self.stats.error(
                 "api_rejected",

@@ -134,4 +134,5 @@ def test_env_registers_again_after_an_api_reset(spawn, tmp_path, tiny_model, inf
     )  # fmt: skip
     wait_until(lambda: trainer.status()["queue_size"] >= 1, 60, "a group after the reset")
     assert {g["env_id"] for g in trainer.take()} == {ids[0]}
+    assert env.text().count("registering again") == 1, "every worker registered on its own"
     trainer.close()
