@@ -229,13 +229,19 @@ class Supervisor:
         (each waiting for its own dependencies as at first start). Raises ``ShuttingDown``
         if the run's shutdown has begun, also when it begins while the old process stops.
         Concurrent operations on one process run one after the other (per-process locks,
-        held from stop to start, not while waiting for readiness).
+        held from stop to start, not while waiting for readiness). Dependents are stopped
+        first holding only their own locks: one stopping gracefully may ask to restart
+        ``name`` (the trainer's last weight sync) and must not wait for this restart, which
+        waits for it. Under all the locks they are stopped again (a no-op unless an
+        operation started one in between).
         """
         entry = self._entry(name)
         self._refuse_if_closing(name)
+        new_spec = self._respec(name, args) if args else None
         followers = graph.dependents(list(self._specs.values()), name) if with_dependents else []
+        for follower in reversed(followers):
+            await self.stop(follower)
         async with self._locked(name, *followers):
-            new_spec = self._respec(name, args) if args else None
             for follower in reversed(followers):
                 await self._stop(self._entries[follower])
             await self._stop(entry)
@@ -283,14 +289,16 @@ class Supervisor:
     async def switch_mode(self, mode: str) -> None:
         """Trainer checkpoints and exits, inference restarts in ``mode``, trainer resumes.
 
-        Environments and the API keep running, so the rollout queue is kept.
+        Environments and the API keep running, so the rollout queue is kept. The trainer is
+        stopped holding only its own lock, as dependents are in ``restart``.
         """
         trainer = self._by_role("trainer")
         inference = self._by_role("inference")
         self._refuse_if_closing(inference)
         note = self._notice
+        note(f"switching to mode {mode}: stopping {trainer} (it checkpoints first)")
+        await self.stop(trainer)
         async with self._locked(inference, trainer):
-            note(f"switching to mode {mode}: stopping {trainer} (it checkpoints first)")
             await self._stop(self._entries[trainer])
             note(f"stopping {inference}")
             await self._stop(self._entries[inference])
