@@ -9,8 +9,19 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from grpo_trainer.control import ControlError, SupervisorLink
+from grpo_trainer.control import SOCKET_ENV, ControlError, SupervisorLink
 from grpo_trainer.sync.client import InferenceClient, SyncError
+
+RESTART_MODES = ("none", "lora_restart")
+"""The weight-sync modes whose every sync asks the supervisor to restart inference."""
+
+
+def supervisor_missing(mode: str) -> str:
+    """Why ``mode`` cannot sync without a supervisor, as one line for the user."""
+    return (
+        f"mode {mode} needs the grpo-tui supervisor: run it under grpo-tui or use "
+        f"--sync-every 0 ({SOCKET_ENV} is not set)"
+    )
 
 
 def require_link(link: SupervisorLink | None, mode: str) -> SupervisorLink:
@@ -18,10 +29,7 @@ def require_link(link: SupervisorLink | None, mode: str) -> SupervisorLink:
     if link is None:
         link = SupervisorLink.from_env()
     if link is None:
-        raise SyncError(
-            f"weight-sync mode {mode!r} restarts inference through the supervisor, "
-            "but GRPO_TUI_SOCKET is not set (run under grpo-tui, or pick lora_only/shared_vllm)"
-        )
+        raise SyncError(supervisor_missing(mode))
     return link
 
 

@@ -1,21 +1,32 @@
 """``python -m grpo_trainer.train --model-name ... --atropos-url ...``: run the GRPO trainer.
 
-Exit status: 0 done or stopped gracefully (SIGTERM: the current step finishes and a
-checkpoint is written); 2 bad configuration (one line per problem, nothing loaded);
-1 a failure while running (API unreachable at start, bad data, weight sync lagging).
+Exit status: 0 done or stopped gracefully (SIGTERM, or the supervisor refusing a restart
+because it is shutting down: the current step finishes and a checkpoint is written);
+2 bad configuration (one line per problem; a restart mode without a supervisor is caught
+before anything loads, a weight sync that cannot start before the first step); 1 a failure
+while running (API unreachable at start, bad data, weight sync lagging).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
 
+from grpo_trainer.control import SOCKET_ENV
+from grpo_trainer.sync.restart import RESTART_MODES, supervisor_missing
 from grpo_trainer.train.config import EXIT_BAD_CONFIG, ConfigError, TrainerConfig
 
 
 def preflight(config: TrainerConfig) -> list[str]:
     """Problems that need the environment or the model's architecture, not its weights."""
     problems = []
+    if (
+        config.sync_every
+        and config.weight_bridge_mode in RESTART_MODES
+        and not os.environ.get(SOCKET_ENV)
+    ):
+        problems.append(supervisor_missing(config.weight_bridge_mode))
     if config.optimizer == "adamw_8bit" and importlib.util.find_spec("bitsandbytes") is None:
         problems.append("--optimizer: adamw_8bit needs bitsandbytes (pip install bitsandbytes)")
     if config.use_wandb and importlib.util.find_spec("wandb") is None:

@@ -8,8 +8,9 @@ import torch
 
 from grpo_trainer.models import load_tokenizer
 from grpo_trainer.sync.base import SyncContext, WeightSync
+from grpo_trainer.sync.client import SyncError
 from grpo_trainer.train.api_client import ApiClient, ApiRefused, ApiUnreachable, Registration
-from grpo_trainer.train.config import TrainerConfig
+from grpo_trainer.train.config import EXIT_BAD_CONFIG, TrainerConfig
 from grpo_trainer.train.data import DataError
 from grpo_trainer.train.loop import SyncLagExceeded, Trainer, install_signal_handlers
 from grpo_trainer.train.policy import build_policy, reference_model
@@ -65,8 +66,17 @@ def make_strategy(config: TrainerConfig, reporter: Reporter) -> WeightSync | Non
     return registry_strategy(config.weight_bridge_mode, context, link=reporter.link)
 
 
+def _cannot_sync(reporter: Reporter, exc: SyncError) -> int:
+    """A weight sync that cannot start (no supervisor, no server): one line, exit 2."""
+    if reporter.link is not None:
+        reporter.link.send_event("error", str(exc))
+    print(f"error: {exc}", file=sys.stderr, flush=True)
+    return EXIT_BAD_CONFIG
+
+
 def run_session(config: TrainerConfig) -> int:
-    """Run the trainer; returns the process exit status (0, or 1 with a clear message)."""
+    """Run the trainer; returns the exit status: 0, 1 failure while running, 2 a weight
+    sync that cannot start (before the first step), each with one clear line."""
     torch.manual_seed(config.seed)
     if config.cpu_threads is not None:
         torch.set_num_threads(config.cpu_threads)
@@ -83,17 +93,20 @@ def run_session(config: TrainerConfig) -> int:
         if point is not None:
             reporter.event("info", f"resuming from {point.checkpoint} at step {point.step}")
         policy = build_policy(config, point)
-        trainer = Trainer(
-            config,
-            policy.model,
-            load_tokenizer(config.model_name),
-            base=policy.base,
-            source=make_source(config, reporter),
-            reporter=reporter,
-            strategy=make_strategy(config, reporter),
-            reference=reference_model(config),
-            resume=point,
-        )
+        try:
+            trainer = Trainer(
+                config,
+                policy.model,
+                load_tokenizer(config.model_name),
+                base=policy.base,
+                source=make_source(config, reporter),
+                reporter=reporter,
+                strategy=make_strategy(config, reporter),
+                reference=reference_model(config),
+                resume=point,
+            )
+        except SyncError as exc:
+            return _cannot_sync(reporter, exc)
         install_signal_handlers(trainer)
         step = trainer.run()
         reporter.event("info", f"trainer stopped at step {step} of {config.training_steps}")
