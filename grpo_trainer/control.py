@@ -24,8 +24,16 @@ PROCESS_ENV = "GRPO_TUI_PROCESS"
 RUN_DIR_ENV = "GRPO_TUI_RUN_DIR"
 
 
+SHUTTING_DOWN = "supervisor is shutting down"
+"""How the supervisor's refusal starts once the run's shutdown has begun."""
+
+
 class ControlError(RuntimeError):
     """A request was refused by the supervisor, or got no reply in time."""
+
+
+class SupervisorShuttingDown(ControlError):
+    """The supervisor refused because the run is stopping: asking again cannot help."""
 
 
 @dataclass
@@ -91,7 +99,8 @@ class SupervisorLink:
         """Ask the supervisor to act and wait for its reply; returns the reply's ``result``.
 
         Raises ``ControlError`` when the supervisor refuses (``ok`` false) or no reply
-        arrives within ``timeout`` seconds (including while the socket is down).
+        arrives within ``timeout`` seconds (including while the socket is down);
+        ``SupervisorShuttingDown``, a subclass, when it refuses because the run is stopping.
         """
         request_id = f"{os.getpid()}-{next(self._ids)}"
         pending = _Pending()
@@ -113,7 +122,9 @@ class SupervisorLink:
                 self._pending.pop(request_id, None)
         reply = pending.reply or {}
         if not reply.get("ok"):
-            raise ControlError(f"supervisor refused {action!r}: {reply.get('error')}")
+            error = str(reply.get("error"))
+            refusal = SupervisorShuttingDown if error.startswith(SHUTTING_DOWN) else ControlError
+            raise refusal(f"supervisor refused {action!r}: {error}")
         return dict(reply.get("result") or {})
 
     def flush(self, timeout: float = 5.0) -> bool:

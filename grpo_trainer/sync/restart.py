@@ -9,8 +9,22 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from grpo_trainer.control import SOCKET_ENV, ControlError, SupervisorLink
+from grpo_trainer.control import (
+    SOCKET_ENV,
+    ControlError,
+    SupervisorLink,
+    SupervisorShuttingDown,
+)
 from grpo_trainer.sync.client import InferenceClient, SyncError
+
+
+class SupervisorStopping(SyncError):
+    """The supervisor refused the restart because the run is shutting down.
+
+    Not retried: the trainer treats it as a stop request (checkpoint, exit 0), since the
+    supervisor is about to stop it anyway.
+    """
+
 
 RESTART_MODES = ("none", "lora_restart")
 """The weight-sync modes whose every sync asks the supervisor to restart inference."""
@@ -42,7 +56,11 @@ def restart_inference(
     attempts: int = 3,
     backoff: float = 1.0,
 ) -> None:
-    """Restart ``inference`` with ``args`` and wait until it is healthy; retry with backoff."""
+    """Restart ``inference`` with ``args`` and wait until it is healthy; retry with backoff.
+
+    Raises ``SupervisorStopping`` at once when the supervisor is shutting down, else
+    ``SyncError`` after ``attempts`` failures.
+    """
     last = ""
     for attempt in range(attempts):
         if attempt:
@@ -52,6 +70,8 @@ def restart_inference(
             link.request("restart", process="inference", args=args, timeout=timeout)
             client.wait_healthy(timeout)
             return
+        except SupervisorShuttingDown as error:
+            raise SupervisorStopping(str(error)) from None
         except (ControlError, SyncError) as error:
             last = str(error)
     link.send_event("error", f"inference restart failed after {attempts} attempts: {last}")

@@ -11,7 +11,8 @@ Per optimizer step::
     report metrics; every checkpoint_interval steps: checkpoint + prune
 
 SIGTERM / SIGINT ask for a graceful stop: the current step finishes, a checkpoint is
-written, and ``run`` returns normally.
+written, and ``run`` returns normally. So does a sync that the supervisor refuses because
+it is shutting down.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from grpo_trainer.sync.base import WeightSync
+from grpo_trainer.sync.restart import SupervisorStopping
 from grpo_trainer.train.checkpoint import (
     load_trainer_state,
     prune_checkpoints,
@@ -340,7 +342,11 @@ class Trainer:
         return metrics
 
     def _maybe_sync(self) -> dict[str, float]:
-        """Sync every ``sync_every`` steps with retries; stop when staleness exceeds the cap."""
+        """Sync every ``sync_every`` steps with retries; stop when staleness exceeds the cap.
+
+        A restart refused because the supervisor is shutting down is a stop request: no
+        retry, and ``run`` checkpoints and returns (the supervisor is stopping us anyway).
+        """
         every = self.config.sync_every
         if self.strategy is None or every == 0:
             return {}
@@ -350,6 +356,10 @@ class Trainer:
             for attempt in range(self.config.sync_retries + 1):
                 try:
                     result = self.strategy.sync(self.model, self.step)
+                except SupervisorStopping as exc:
+                    self.reporter.event("info", f"stopping after step {self.step}: {exc}")
+                    self.stop_requested = True
+                    return {}
                 except Exception as exc:  # a strategy may fail in many ways; all are retried
                     self.reporter.event(
                         "warning",
