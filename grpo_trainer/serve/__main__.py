@@ -7,8 +7,10 @@ not fit the model) exit with status 2 and the reason, before the port is bound.
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -40,7 +42,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--tokenizer", default=None, help="defaults to MODEL")
     parser.add_argument("--dtype", choices=["auto", *DTYPES], default="auto")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="torch's seed; mixed with the start time for requests without their own seed",
+    )
     parser.add_argument("--max-model-len", type=int, default=None)
     parser.add_argument("--max-num-seqs", type=int, default=256, help="largest n per request")
     parser.add_argument("--enable-lora", action="store_true")
@@ -63,6 +70,16 @@ def _dtype(model: str, requested: str) -> str:
     return name if name in DTYPES else "float32"
 
 
+def start_seeds(seed: int) -> random.Random:
+    """The seed stream of requests that bring no ``seed``, new at every start.
+
+    ``--seed`` mixed with the start time (ns) and the pid: a server restarted on unchanged
+    weights must not replay the groups it already sampled (the trainer would see the same
+    groups again). Nothing is persisted; a request's own ``seed`` stays reproducible.
+    """
+    return random.Random(f"{seed}:{time.time_ns()}:{os.getpid()}")
+
+
 def build_state(args: argparse.Namespace) -> ServerState:
     """Load the model, attach shared weights and adapters; raise ValueError on bad input."""
     model = load_model(args.model, dtype=_dtype(args.model, args.dtype), device=args.device)
@@ -78,7 +95,13 @@ def build_state(args: argparse.Namespace) -> ServerState:
     elif args.lora_modules:
         raise ValueError("--lora-modules needs --enable-lora")
     max_model_len = args.max_model_len or int(model.config.max_position_embeddings)
-    engine = Engine(model, tokenizer, max_model_len=max_model_len, adapters=adapters)
+    engine = Engine(
+        model,
+        tokenizer,
+        max_model_len=max_model_len,
+        adapters=adapters,
+        seeds=start_seeds(args.seed),
+    )
     return ServerState(
         engine,
         served_model_name=args.served_model_name or args.model,
@@ -93,7 +116,6 @@ def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    random.seed(args.seed)
     torch.manual_seed(args.seed)
     try:
         state = build_state(args)

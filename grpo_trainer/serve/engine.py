@@ -4,7 +4,8 @@ The ``n`` completions of one prompt are decoded as one batch: the prompt is run 
 row, then one token per row per step through the model's KV cache. Requests run one at a
 time under a lock (the adapters and shared weights are per-model state); the generation
 gate lets the trainer pause between decode steps. See ``sampling.py`` for the logprob
-convention.
+convention. A request without ``seed`` samples with the next seed of ``seeds``, a stream
+the server makes different at every start (``start_seeds`` in ``__main__``).
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class Engine:
         *,
         max_model_len: int,
         adapters: AdapterSet | None = None,
+        seeds: random.Random | None = None,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -63,10 +65,12 @@ class Engine:
         self.lock = threading.Lock()
         self.gate = GenerationGate()
         self.stats = EngineStats()
+        self.seeds = seeds or random.Random()
 
     def _generator(self, seed: int | None) -> torch.Generator:
+        """A request's own ``seed`` reproduces its samples; else the next from ``seeds``."""
         generator = torch.Generator(device=self.device)
-        generator.manual_seed(seed if seed is not None else random.getrandbits(63))
+        generator.manual_seed(seed if seed is not None else self.seeds.getrandbits(63))
         return generator
 
     def _activate(self, adapter: str | None) -> None:
