@@ -15,7 +15,7 @@ import json
 import sys
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Backend = Literal["builtin", "vllm"]
 Mode = Literal["none", "shared_vllm", "lora_only", "lora_restart"]
@@ -35,6 +35,14 @@ class InferenceSettings(BaseModel):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
     device: str = Field(default="cpu", description="built-in backend only: cpu, cuda, cuda:N")
     seed: int = 0
+    cpu_threads: int | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "built-in backend only: torch CPU threads; default 1 on device cpu (the stack "
+            "shares few cores), torch's own on cuda; 0 = torch's own"
+        ),
+    )
     max_lora_rank: int = Field(default=16, ge=1)
     max_model_len: int | None = Field(default=None, ge=1)
     gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
@@ -56,6 +64,19 @@ class InferenceSettings(BaseModel):
         description="how to invoke vLLM's CLI, e.g. ['python3', '-m', 'vllm.entrypoints.cli.main']",
     )
     extra_args: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _builtin_only(self) -> InferenceSettings:
+        if self.backend == "vllm" and self.cpu_threads is not None:
+            raise ValueError("cpu_threads is a built-in backend setting: vLLM has no such flag")
+        return self
+
+    @property
+    def cpu_threads_flag(self) -> list[str]:
+        """``--cpu-threads N`` for the built-in server: 1 on cpu unless set; GPU untouched."""
+        if self.cpu_threads is not None:
+            return ["--cpu-threads", str(self.cpu_threads)]
+        return ["--cpu-threads", "1"] if self.device == "cpu" else []
 
     @property
     def base_url(self) -> str:
@@ -132,6 +153,7 @@ def _builtin_command(
         settings.device,
         "--seed",
         str(settings.seed),
+        *settings.cpu_threads_flag,
     ]
     if settings.max_model_len is not None:
         argv += ["--max-model-len", str(settings.max_model_len)]

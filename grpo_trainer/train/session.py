@@ -78,8 +78,9 @@ def run_session(config: TrainerConfig) -> int:
     """Run the trainer; returns the exit status: 0, 1 failure while running, 2 a weight
     sync that cannot start (before the first step), each with one clear line."""
     torch.manual_seed(config.seed)
-    if config.cpu_threads is not None:
-        torch.set_num_threads(config.cpu_threads)
+    if config.torch_threads is not None:
+        torch.set_num_threads(config.torch_threads)
+    print(f"torch CPU threads: {torch.get_num_threads()}", file=sys.stderr, flush=True)
     reporter = Reporter.for_run(
         save_path=config.save_path,
         metrics_file=config.metrics_file,

@@ -9,7 +9,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from grpo_trainer.serve.__main__ import build_parser
+from grpo_trainer.serve.__main__ import build_parser, torch_threads
 from grpo_trainer.serve.settings import (
     VLLM_WORKER_EXTENSION,
     InferenceSettings,
@@ -126,3 +126,26 @@ def test_settings_module_is_torch_free() -> None:
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
+
+
+def test_builtin_cpu_threads_default_to_one_on_cpu_only() -> None:
+    def threads(**fields: object) -> int | None:
+        launch = inference_command(InferenceSettings(**fields), mode="none", model="/m")
+        return build_parser().parse_args(launch.argv[3:]).cpu_threads
+
+    assert threads() == 1, "CPU: one thread unless set (the stack shares few cores)"
+    assert threads(cpu_threads=3) == 3
+    assert threads(cpu_threads=0) == 0, "0 asks for torch's own default"
+    assert threads(device="cuda") is None, "GPU: torch's default, no flag"
+    assert threads(device="cuda:1", cpu_threads=2) == 2
+    assert torch_threads(None, "cpu") == 1 and torch_threads(None, "cuda:0") is None
+    assert torch_threads(0, "cpu") is None and torch_threads(4, "cuda") == 4
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["/m", "--cpu-threads", "-1"])
+
+
+def test_cpu_threads_are_refused_for_vllm() -> None:
+    with pytest.raises(ValidationError, match="cpu_threads is a built-in backend setting"):
+        InferenceSettings(backend="vllm", cpu_threads=1)
+    launch = inference_command(InferenceSettings(backend="vllm"), mode="none", model="M")
+    assert "--cpu-threads" not in launch.argv

@@ -1,5 +1,6 @@
-"""A restarted server does not replay its earlier samples; a request's own seed still does.
+"""What each start of the built-in server sets up: its seed stream and its CPU threads.
 
+A restarted server does not replay its earlier samples; a request's own seed still does.
 Two real starts of the built-in server with the same ``--seed`` on the same weights (what
 a restart in mode ``none`` with unchanged weights looks like): a seedless request must
 sample differently, a request carrying ``seed`` exactly the same.
@@ -54,3 +55,9 @@ def test_each_start_samples_anew_unless_the_request_has_a_seed(
     assert seedless_a != seedless_b, "a restart replayed the previous start's samples"
     assert seeded_a == seeded_b, "a request's own seed must reproduce across starts"
     assert len(seedless_a) == SAMPLES and all(len(s) == TOKENS for s in seedless_a)
+
+
+def test_a_cpu_server_runs_one_torch_thread_by_default(server: ServerProcess) -> None:
+    """The role layer's command (``inference_command``, device cpu, threads unset)."""
+    assert "--cpu-threads" in server.launch.argv
+    assert "torch CPU threads: 1" in server.log_path.read_text()
