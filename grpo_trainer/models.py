@@ -101,6 +101,7 @@ def build_tiny_model(
     num_kv_heads: int = 2,
     intermediate_size: int = 128,
     max_position_embeddings: int = 512,
+    initializer_range: float = 0.02,
 ) -> Path:
     """Write a randomly initialised Qwen2 model and its tokenizer to ``path``.
 
@@ -119,6 +120,7 @@ def build_tiny_model(
         head_dim=hidden_size // num_heads,
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=True,
+        initializer_range=initializer_range,
         bos_token_id=tokenizer.eos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,

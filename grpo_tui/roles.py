@@ -310,7 +310,7 @@ class RoleLayer:
             liveness=HttpProbe(
                 url=api.health_url, initial_delay=5, period=10, timeout=5, failure_threshold=3
             ),
-            restart=RestartPolicy(policy="on_failure", backoff_base=0.5, max_restarts=5),
+            restart=RestartPolicy(policy="always", backoff_base=0.5, max_restarts=5),
             shutdown=Shutdown(timeout=15),
         )
 
@@ -336,7 +336,7 @@ class RoleLayer:
             liveness=HttpProbe(
                 url=health, initial_delay=10, period=15, timeout=10, failure_threshold=4
             ),
-            restart=RestartPolicy(policy="on_failure", backoff_base=1.0, max_restarts=5),
+            restart=RestartPolicy(policy="always", backoff_base=1.0, max_restarts=5),
             shutdown=Shutdown(timeout=30),
         )
 

@@ -62,10 +62,11 @@ class AdapterSet:
         if name in self.paths and not inplace:
             raise AdapterError(f"the lora adapter {name!r} has already been loaded")
         self.validate(path)
+        # The name stays in ``paths`` through an in-place swap: requests resolving it
+        # meanwhile wait on the engine lock and then see the new adapter, never a 404.
         previous = self.paths.get(name)
         if previous is not None:
             self.model.delete_adapter(name)
-            del self.paths[name]
         try:
             self.model.load_adapter(path, adapter_name=name)
         except Exception as error:
@@ -73,7 +74,6 @@ class AdapterSet:
                 self.model.delete_adapter(name)
             if previous is not None:
                 self.model.load_adapter(previous, adapter_name=name)
-                self.paths[name] = previous
             raise AdapterError(f"cannot load adapter {path!r}: {error}") from None
         self.paths[name] = path
 

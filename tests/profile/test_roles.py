@@ -52,7 +52,10 @@ def test_quickstart_probes_restarts_and_wiring(tmp_path: Path) -> None:
     assert isinstance(inference.readiness, HttpProbe)
     assert inference.port == 9001
     assert inference.metrics_url == "http://127.0.0.1:9001/metrics"
-    assert inference.restart.policy == "on_failure"
+    # Servers never end on their own: any exit, even 0 (vLLM's API server exits 0 when its
+    # engine core dies), is restarted.
+    assert inference.restart.policy == "always"
+    assert api.restart.policy == "always"
     assert isinstance(trainer.readiness, LogLineProbe)
     assert trainer.readiness.pattern == "grpo-trainer ready"
     assert trainer.restart.policy == "on_failure"
