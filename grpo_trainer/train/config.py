@@ -86,6 +86,11 @@ class TrainerConfig(BaseModel):
     lora_alpha: int = Field(32, ge=1)
     lora_dropout: float = Field(0.0, ge=0, lt=1)
     lora_target_modules: list[str] = Field(default_factory=lambda: ["q_proj", "v_proj"])
+    lora_lr: float | None = Field(
+        None,
+        gt=0,
+        description="lr in the LoRA modes (an adapter often needs a larger one); default lr",
+    )
 
     # data
     atropos_url: str = "http://localhost:8000"
@@ -184,6 +189,15 @@ class TrainerConfig(BaseModel):
         if self.cpu_threads is not None:
             return self.cpu_threads or None
         return 1 if self.device == "cpu" else None
+
+    @property
+    def base_lr(self) -> float:
+        """Peak lr of this mode: ``lora_lr`` in the LoRA modes when set, else ``lr``.
+
+        A LoRA adapter trains a low-rank update from zero and usually wants a larger lr than
+        full fine-tuning; one profile can then switch modes without retuning.
+        """
+        return self.lora_lr if self.is_lora and self.lora_lr is not None else self.lr
 
     @property
     def is_lora(self) -> bool:

@@ -107,7 +107,7 @@ class Trainer:
         self.step = 0 if resume is None else resume.step
         self.model = model if strategy is None else strategy.attach(model)
         self.optimizer = build_optimizer(
-            self.model, config.optimizer, config.lr, config.weight_decay
+            self.model, config.optimizer, config.base_lr, config.weight_decay
         )
         if resume is not None and resume.exact:
             state = load_trainer_state(resume.checkpoint)
@@ -195,7 +195,7 @@ class Trainer:
             schedule=self.config.lr_schedule,
             floor=self.config.min_lr_ratio,
         )
-        return self.config.lr * factor
+        return self.config.base_lr * factor
 
     def _reference_logprobs(self, micro: MicroBatch) -> torch.Tensor | None:
         if self.config.beta == 0:
