@@ -8,6 +8,7 @@ sample differently, a request carrying ``seed`` exactly the same.
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -40,16 +41,20 @@ def sample(url: str, **extra: object) -> list[list[int]]:
 def test_each_start_samples_anew_unless_the_request_has_a_seed(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    settings = InferenceSettings(port=free_port(), seed=7, max_model_len=64)
-    launch = inference_command(settings, mode="none", model=str(tiny_model_dir))
-    runs: list[tuple[list[list[int]], list[list[int]]]] = []
-    for start in range(2):
+    """Both starts run side by side (ports differ; the port does not touch sampling)."""
+
+    def first_requests(start: int) -> tuple[list[list[int]], list[list[int]]]:
+        settings = InferenceSettings(port=free_port(), seed=7, max_model_len=64)
+        launch = inference_command(settings, mode="none", model=str(tiny_model_dir))
         server = ServerProcess(launch, settings.base_url, tmp_path / f"start-{start}.log")
-        server.start()
         try:
-            runs.append((sample(server.base_url), sample(server.base_url, seed=11)))
+            server.start()
+            return sample(server.base_url), sample(server.base_url, seed=11)
         finally:
             server.stop()
+
+    with ThreadPoolExecutor(2) as pool:
+        runs = list(pool.map(first_requests, range(2)))
     (seedless_a, seeded_a), (seedless_b, seeded_b) = runs
     # 8 x 12 tokens drawn from a 44-token vocabulary: equal only if the RNG stream repeats.
     assert seedless_a != seedless_b, "a restart replayed the previous start's samples"

@@ -8,14 +8,7 @@ from importlib.util import find_spec
 from pathlib import Path
 
 import pytest
-from train_helpers import (
-    REPO,
-    make_groups,
-    tiny_model,
-    trainer_command,
-    trainer_env,
-    write_groups,
-)
+from train_helpers import REPO, tiny_model, trainer_env
 
 from grpo_trainer.train.config import ConfigError, TrainerConfig
 
@@ -136,21 +129,3 @@ def test_cpu_threads_default_to_one_on_cpu_and_stay_torchs_on_gpu() -> None:
     assert "--cpu-threads" not in TrainerConfig(model_name="m").to_argv()
     with pytest.raises(ConfigError, match="--cpu-threads"):
         TrainerConfig.from_argv(["--model-name", "m", "--cpu-threads", "-1"])
-
-
-def test_trainer_on_cpu_runs_one_torch_thread_without_being_told(tmp_path: Path) -> None:
-    """No --cpu-threads, no OMP_NUM_THREADS: the trainer still takes one thread on CPU."""
-    model = tiny_model(tmp_path / "model")
-    data = write_groups(tmp_path / "g.jsonl", make_groups(model, count=1, group_size=2, seed=6))
-    env = {k: v for k, v in trainer_env().items() if k != "OMP_NUM_THREADS"}
-    command = trainer_command(model, tmp_path / "ckpt", data, "--batch-size", "2")
-    result = subprocess.run(
-        [*command, "--training-steps", "1"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        cwd=REPO,
-    )
-    assert result.returncode == 0, result.stderr
-    assert "torch CPU threads: 1" in result.stderr.splitlines()

@@ -85,6 +85,7 @@ async def test_link_and_restart_raise_the_shutdown_refusal_at_once(
 async def test_trainer_stops_checkpoints_and_exits_0_on_the_refusal(
     supervisor: ShuttingDownSupervisor, tmp_path: Path
 ) -> None:
+    """Also: under a supervisor with no thread settings, the CPU trainer takes one thread."""
     model = tiny_model(tmp_path / "model")
     data = write_groups(
         tmp_path / "groups.jsonl", make_groups(model, count=6, group_size=2, seed=5)
@@ -106,6 +107,7 @@ async def test_trainer_stops_checkpoints_and_exits_0_on_the_refusal(
         "0",
     )
     env = trainer_env(GRPO_TUI_SOCKET=str(supervisor.path), GRPO_TUI_PROCESS="trainer")
+    del env["OMP_NUM_THREADS"]  # the trainer's own CPU default is checked below
     proc = await asyncio.create_subprocess_exec(
         *command,
         env=env,
@@ -126,5 +128,6 @@ async def test_trainer_stops_checkpoints_and_exits_0_on_the_refusal(
     assert "Traceback" not in stderr and "[error]" not in stderr, stderr
     assert "supervisor is shutting down" in stderr
     assert [(a, t) for a, t, _ in supervisor.requests] == [("restart", "inference")]
+    assert "torch CPU threads: 1" in stderr.splitlines(), "device cpu: one thread unless set"
     point = resolve_resume(save, "none")
     assert point is not None and point.step == 1, "step 1 is checkpointed, no step after it"

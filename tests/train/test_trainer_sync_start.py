@@ -8,6 +8,8 @@ from pathlib import Path
 import pytest
 from train_helpers import make_groups, run_trainer, tiny_model, trainer_command, write_groups
 
+from grpo_trainer.train.__main__ import main
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -23,28 +25,41 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return model, data
 
 
-@pytest.mark.parametrize("mode", ["none", "lora_restart"])
-def test_restart_mode_without_supervisor_exits_2_with_one_line(
-    setup, tmp_path: Path, mode: str
-) -> None:
+MESSAGE = (
+    "mode {mode} needs the grpo-tui supervisor: run it under grpo-tui or use "
+    "--sync-every 0 (GRPO_TUI_SOCKET is not set)"
+)
+
+
+def test_mode_none_without_supervisor_exits_2_with_one_line(setup, tmp_path: Path) -> None:
     model, data = setup
     command = trainer_command(
-        model, tmp_path / "ckpt", data, "--weight-bridge-mode", mode, "--sync-every", "1"
+        model, tmp_path / "ckpt", data, "--weight-bridge-mode", "none", "--sync-every", "1"
     )
     result = run_trainer(command, timeout=60)
     assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert lines == [
-        f"error: mode {mode} needs the grpo-tui supervisor: run it under grpo-tui or use "
-        "--sync-every 0 (GRPO_TUI_SOCKET is not set)"
-    ]
+    assert result.stderr.strip().splitlines() == ["error: " + MESSAGE.format(mode="none")]
     assert not (tmp_path / "ckpt").exists(), "nothing is written before the check"
 
 
-def test_sync_error_while_attaching_exits_2_with_the_reason(setup, tmp_path: Path) -> None:
-    """lora_only hot-loads the starting adapter in ``attach``; no server there is fatal."""
+def test_lora_restart_without_supervisor_is_refused_before_loading(
+    setup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """In process (``main`` is what ``python -m grpo_trainer.train`` exits with)."""
+    monkeypatch.delenv("GRPO_TUI_SOCKET", raising=False)
     model, data = setup
-    command = trainer_command(
+    argv = trainer_command(model, tmp_path / "ckpt", data, "--weight-bridge-mode", "lora_restart")
+    assert main([*argv[3:], "--sync-every", "1"]) == 2
+    assert capsys.readouterr().err.splitlines() == ["error: " + MESSAGE.format(mode="lora_restart")]
+
+
+def test_sync_error_while_attaching_exits_2_with_the_reason(
+    setup, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """lora_only hot-loads the starting adapter in ``attach``; no server there is fatal."""
+    monkeypatch.delenv("GRPO_TUI_SOCKET", raising=False)
+    model, data = setup
+    argv = trainer_command(
         model,
         tmp_path / "ckpt",
         data,
@@ -55,9 +70,7 @@ def test_sync_error_while_attaching_exits_2_with_the_reason(setup, tmp_path: Pat
         "--sync-every",
         "1",
     )
-    result = run_trainer(command, timeout=90)
-    assert result.returncode == 2, result.stderr
-    assert "Traceback" not in result.stderr
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert main(argv[3:]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "load_lora_adapter failed: ConnectError" in errors[0], errors
     assert not list((tmp_path / "ckpt").glob("step_*")), "no training step ran"
