@@ -1,0 +1,93 @@
+"""The headless quickstart, shortened, in each of the four weight-sync modes.
+
+``grpo-tui run`` on a copy of ``profiles/quickstart.toml`` (free ports, a temporary output
+directory, fewer steps): exit 0, a clear reward rise in the run's ``metrics.jsonl``, a
+complete run directory, and no process carrying the run's ``GRPO_TUI_RUN_ID`` afterwards.
+The restart modes (``none``, ``lora_restart``) restart the inference server at every
+sync, so they sync every ``RESTART_SYNC_EVERY`` steps to keep the test short.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_stack import (
+    HeadlessCli,
+    mean,
+    only_run_dir,
+    pids,
+    run_id_of,
+    tagged,
+    trainer_steps,
+    wait_until,
+)
+from e2e_stack import quickstart_copy as make_profile
+
+STEPS = 30
+WINDOW = 5
+"""Steps averaged at each end of the reward curve."""
+
+RESTART_SYNC_EVERY = 5
+MARGIN = {"none": 0.05, "shared_vllm": 0.05, "lora_only": 0.03, "lora_restart": 0.03}
+"""Least rise of the mean reward (last WINDOW steps over the first WINDOW); LoRA is slower."""
+
+PROCESSES = ("model", "api", "inference", "trainer", "env")
+
+
+@pytest.fixture
+def cli(tmp_path: Path) -> Iterator[list[HeadlessCli]]:
+    """Runs started by a test; any still alive at teardown get an ordered shutdown."""
+    runs: list[HeadlessCli] = []
+    yield runs
+    for run in runs:
+        run.stop()
+
+
+def overrides(mode: str) -> dict[str, dict[str, object]]:
+    trainer: dict[str, object] = {"training_steps": STEPS, "checkpoint_interval": 10}
+    if mode in ("none", "lora_restart"):
+        trainer.update(sync_every=RESTART_SYNC_EVERY, max_sync_lag=RESTART_SYNC_EVERY)
+    return {"trainer": trainer, "api": {"max_batches_offpolicy": 1}}
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("mode", ["shared_vllm", "lora_only", "none", "lora_restart"])
+def test_quickstart_mode_learns_and_leaves_nothing(
+    mode: str, tmp_path: Path, cli: list[HeadlessCli]
+) -> None:
+    profile = make_profile(tmp_path, mode=mode, overrides=overrides(mode))
+    run = HeadlessCli(profile, mode, tmp_path / "console.log")
+    cli.append(run)
+
+    def trainer_pid() -> int | None:
+        run.check_alive()
+        run_dir = only_run_dir(tmp_path)
+        found = pids(run_dir, "trainer") if run_dir else []
+        return found[0] if found else None
+
+    run_id = run_id_of(wait_until(trainer_pid, 120, "the trainer to be spawned"))
+    assert run.wait(timeout=240) == 0, run.text()[-4000:]
+
+    run_dir = only_run_dir(tmp_path)
+    assert run_dir is not None
+    assert tagged(run_id) == [], "processes of the run outlived it"
+
+    curve = [(step, data["reward/mean"]) for step, data in trainer_steps(run_dir)]
+    assert [step for step, _ in curve] == list(range(1, STEPS + 1))
+    first = mean([reward for _, reward in curve[:WINDOW]])
+    last = mean([reward for _, reward in curve[-WINDOW:]])
+    print(f"{mode}: reward first {WINDOW} steps {first:.3f}, last {WINDOW} steps {last:.3f}")
+    assert first < 0.2
+    assert last > first + MARGIN[mode], f"no clear rise in {mode}: {first:.3f} -> {last:.3f}"
+
+    assert (run_dir / "profile.toml").is_file()
+    assert (run_dir / "events.jsonl").stat().st_size > 0
+    for name in PROCESSES:
+        assert (run_dir / "logs" / f"{name}.log").is_file(), name
+    saved = {p.name for p in (run_dir / "checkpoints").iterdir()}
+    assert f"step_{STEPS}" in saved
+    if mode.startswith("lora"):
+        assert f"adapter_step_{STEPS}" in saved
