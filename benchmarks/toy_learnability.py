@@ -1,33 +1,61 @@
 """Does a random tiny model learn the toy task by plain GRPO? In one process, no HTTP.
 
-Proves the task is learnable before the whole stack is wired, and finds hyper-parameters
-for the quickstart profile. Prints the mean reward per step and, at the end, a table of
-settings side by side: steps and seconds to reach 0.8 mean reward.
+Proves the task is learnable before the whole stack is wired, and finds the tiny-model
+shape and hyper-parameters of the quickstart profile, for full fine-tuning and for LoRA.
+Prints the mean reward every 10 steps and, at the end, a table of settings side by side:
+start reward, steps and seconds to reach the target mean reward, reward of the last steps.
 
-    python benchmarks/toy_learnability.py               # the default grid
+    python benchmarks/toy_learnability.py               # the default grid (full fine-tuning)
     python benchmarks/toy_learnability.py --lr 3e-3 --group-size 8 --prompts 16
+    python benchmarks/toy_learnability.py --init 0.1 --hidden 64 128 --lora \\
+        --lora-targets q_proj v_proj o_proj --lora-r 16 --lora-alpha 32 --lr 1e-2
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import random
 import tempfile
 import time
 from dataclasses import dataclass
 
 import torch
+from torch import nn
 
 from grpo_trainer.envs.toy import RepeatDigit
 from grpo_trainer.models import build_tiny_model, load_model, load_tokenizer
 
+LAST = 5
+"""Steps averaged for start, end and target rewards (one step's samples are noisy)."""
+
 
 @dataclass(frozen=True)
 class Setting:
+    """One grid point: tiny-model shape, optimisation, and (when ``lora``) the adapter."""
+
     lr: float
     group_size: int
     prompts: int
     temperature: float
+    init: float
+    hidden: int
+    lora: bool
+    lora_targets: tuple[str, ...]
+    lora_r: int
+    lora_alpha: int
+    rslora: bool
+
+    def label(self) -> str:
+        """Short description of the trained parameters."""
+        if not self.lora:
+            return "full"
+        targets = (
+            "all"
+            if self.lora_targets == ("all-linear",)
+            else ",".join(t.removesuffix("_proj") for t in self.lora_targets)
+        )
+        return f"lora r{self.lora_r}a{self.lora_alpha}{'rs' if self.rslora else ''} {targets}"
 
 
 @dataclass(frozen=True)
@@ -36,23 +64,52 @@ class Outcome:
     start_reward: float
     steps_to_target: int | None
     seconds_to_target: float | None
-    final_reward: float
+    end_reward: float
+    steps: int
 
 
-def run(setting: Setting, *, steps: int, target: float, seed: int, verbose: bool) -> Outcome:
+def policy(setting: Setting, path: str, seed: int) -> nn.Module:
+    """The tiny model at ``path``, wrapped in a fresh LoRA adapter when the setting asks."""
+    model = load_model(path)
+    if not setting.lora:
+        return model
+    from peft import LoraConfig, get_peft_model
+
+    torch.manual_seed(seed)
+    config = LoraConfig(
+        r=setting.lora_r,
+        lora_alpha=setting.lora_alpha,
+        target_modules=(
+            "all-linear" if setting.lora_targets == ("all-linear",) else list(setting.lora_targets)
+        ),
+        use_rslora=setting.rslora,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)
+
+
+def run(
+    setting: Setting, *, steps: int, target: float, seed: int, stop: bool, verbose: bool
+) -> Outcome:
     """Train a fresh tiny model on the toy task and report when mean reward reaches target."""
     torch.manual_seed(seed)
     rng = random.Random(seed)
     task = RepeatDigit(seed=seed)
     with tempfile.TemporaryDirectory() as tmp:
-        build_tiny_model(tmp, seed=seed)
+        build_tiny_model(
+            tmp,
+            seed=seed,
+            hidden_size=setting.hidden,
+            intermediate_size=2 * setting.hidden,
+            initializer_range=setting.init,
+        )
         tokenizer = load_tokenizer(tmp)
-        model = load_model(tmp)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=setting.lr)
+        model = policy(setting, tmp, seed)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=setting.lr)
     start = time.perf_counter()
-    first: float | None = None
+    rewards: list[float] = []
     reached: tuple[int, float] | None = None
-    reward = 0.0
     for step in range(1, steps + 1):
         prompts = [task.sample(rng) for _ in range(setting.prompts)]
         ids = torch.tensor([tokenizer.encode(p.text, add_special_tokens=False) for p in prompts])
@@ -60,7 +117,7 @@ def run(setting: Setting, *, steps: int, target: float, seed: int, verbose: bool
         model.eval()
         with torch.no_grad():
             out = model.generate(
-                ids,
+                input_ids=ids,
                 attention_mask=torch.ones_like(ids),
                 do_sample=True,
                 temperature=setting.temperature,
@@ -73,31 +130,34 @@ def run(setting: Setting, *, steps: int, target: float, seed: int, verbose: bool
         scores = torch.tensor(
             [task.score(prompts[i // setting.group_size], t) for i, t in enumerate(texts)]
         ).view(setting.prompts, setting.group_size)
-        reward = scores.mean().item()
-        first = reward if first is None else first
-        if reached is None and reward >= target:
+        rewards.append(scores.mean().item())
+        if reached is None and sum(rewards[-LAST:]) / len(rewards[-LAST:]) >= target:
             reached = (step, time.perf_counter() - start)
         advantages = (
             (scores - scores.mean(1, keepdim=True)) / scores.std(1, keepdim=True).clamp(min=1e-8)
         ).view(-1)
         model.train()
-        logits = model(out).logits[:, ids.shape[1] - 1 : -1] / setting.temperature
+        logits = model(input_ids=out).logits[:, ids.shape[1] - 1 : -1] / setting.temperature
         logp = torch.log_softmax(logits, -1).gather(-1, completions.unsqueeze(-1)).squeeze(-1)
         mask = (completions != tokenizer.pad_token_id).float()
         seq_logp = (logp * mask).sum(1) / mask.sum(1).clamp(min=1)
         loss = -(advantages * seq_logp).mean()
         optimizer.zero_grad()
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         if verbose and (step % 10 == 0 or step == 1):
-            print(f"  step {step:4d}  reward {reward:.3f}  {time.perf_counter() - start:6.1f}s")
+            elapsed = time.perf_counter() - start
+            print(f"  step {step:4d}  reward {rewards[-1]:.3f}  {elapsed:6.1f}s", flush=True)
+        if stop and reached is not None:
+            break
     return Outcome(
         setting,
-        first or 0.0,
+        sum(rewards[:LAST]) / len(rewards[:LAST]),
         reached[0] if reached else None,
         reached[1] if reached else None,
-        reward,
+        sum(rewards[-LAST:]) / len(rewards[-LAST:]),
+        len(rewards),
     )
 
 
@@ -107,31 +167,49 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, nargs="*", default=[8])
     parser.add_argument("--prompts", type=int, nargs="*", default=[4, 16])
     parser.add_argument("--temperature", type=float, nargs="*", default=[1.0])
+    parser.add_argument("--init", type=float, nargs="*", default=[0.02],
+                        help="tiny-model initializer_range")  # fmt: skip
+    parser.add_argument("--hidden", type=int, nargs="*", default=[64],
+                        help="tiny-model hidden size (MLP: twice that)")  # fmt: skip
+    parser.add_argument("--lora", action="store_true", help="train a LoRA adapter, not all")
+    parser.add_argument("--lora-targets", nargs="+", default=["q_proj", "v_proj"],
+                        help="module names, or all-linear")  # fmt: skip
+    parser.add_argument("--lora-r", type=int, nargs="*", default=[16])
+    parser.add_argument("--lora-alpha", type=int, nargs="*", default=[32])
+    parser.add_argument("--rslora", action="store_true", help="scale alpha/sqrt(r)")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--target", type=float, default=0.8)
+    parser.add_argument("--stop-at-target", action="store_true",
+                        help="stop once the target is reached")  # fmt: skip
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     args = parser.parse_args()
-    torch.set_num_threads(2)
+    torch.set_num_threads(args.threads)
+    grid = itertools.product(
+        args.lr, args.group_size, args.prompts, args.temperature, args.init, args.hidden,
+        args.lora_r if args.lora else [0], args.lora_alpha if args.lora else [0],
+    )  # fmt: skip
     outcomes = []
-    for lr in args.lr:
-        for group_size in args.group_size:
-            for prompts in args.prompts:
-                for temperature in args.temperature:
-                    setting = Setting(lr, group_size, prompts, temperature)
-                    print(f"{setting}", flush=True)
-                    outcomes.append(
-                        run(setting, steps=args.steps, target=args.target, seed=args.seed,
-                            verbose=True)
-                    )  # fmt: skip
-    print(f"\nmean reward >= {args.target}: steps and seconds (in-process, no HTTP)")
-    print(f"{'lr':>8} {'group':>5} {'prompts':>7} {'temp':>5} {'start':>6} {'steps':>6} "
-          f"{'seconds':>8} {'final':>6}")  # fmt: skip
+    for lr, group_size, prompts, temperature, init, hidden, r, alpha in grid:
+        setting = Setting(lr, group_size, prompts, temperature, init, hidden, args.lora,
+                          tuple(args.lora_targets), r, alpha, args.rslora)  # fmt: skip
+        print(f"{setting}", flush=True)
+        outcomes.append(
+            run(setting, steps=args.steps, target=args.target, seed=args.seed,
+                stop=args.stop_at_target, verbose=True)
+        )  # fmt: skip
+    print(f"\nmean reward >= {args.target}: steps and seconds (in-process, no HTTP); "
+          f"start/end = mean of the first/last {LAST} steps")  # fmt: skip
+    print(f"{'trained':<28} {'init':>5} {'hid':>4} {'lr':>6} {'group':>5} "
+          f"{'prompts':>7} {'temp':>4} {'start':>6} {'steps':>6} {'seconds':>8} {'end':>6} "
+          f"{'ran':>4}")  # fmt: skip
     for o in outcomes:
         s = o.setting
         steps = "-" if o.steps_to_target is None else str(o.steps_to_target)
         secs = "-" if o.seconds_to_target is None else f"{o.seconds_to_target:.1f}"
-        print(f"{s.lr:>8.0e} {s.group_size:>5} {s.prompts:>7} {s.temperature:>5.1f} "
-              f"{o.start_reward:>6.3f} {steps:>6} {secs:>8} {o.final_reward:>6.3f}")  # fmt: skip
+        print(f"{s.label():<28} {s.init:>5} {s.hidden:>4} {s.lr:>6.0e} "
+              f"{s.group_size:>5} {s.prompts:>7} {s.temperature:>4.1f} {o.start_reward:>6.3f} "
+              f"{steps:>6} {secs:>8} {o.end_reward:>6.3f} {o.steps:>4}")  # fmt: skip
 
 
 if __name__ == "__main__":
