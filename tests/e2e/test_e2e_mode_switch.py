@@ -1,0 +1,144 @@
+"""One run switching weight-sync modes: ``none`` -> ``lora_only`` -> ``shared_vllm``.
+
+The real Supervisor over the real role plan of a shortened quickstart copy, in this
+process; ``Supervisor.switch_mode`` is called once the trainer has reported a few steps in
+each mode. Asserted:
+
+- the trainer's step records over the whole run are exactly 1..STEPS, each once: every
+  incarnation continues where the previous one checkpointed (no reset, no jump back);
+- the trainer was spawned three times, each in the next mode, and each restart announced
+  it resumed at the step the previous incarnation ended on; inference was rebuilt with
+  the new mode's flags (LoRA, then shared weights);
+- no rollout group is lost: groups the API received = groups served + still queued, and
+  the groups served are exactly STEPS batches (every step acknowledged once);
+- the run ends with exit code 0 and leaves no process carrying its run id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+from e2e_stack import (
+    events,
+    queue_counts,
+    quickstart_value,
+    run_id_of,
+    spawns,
+    tagged,
+    trainer_steps,
+)
+from e2e_stack import quickstart_copy as make_profile
+
+from grpo_tui.headless import write_run_dir
+from grpo_tui.profile import load_profile
+from grpo_tui.roles import Plan, build_plan
+from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
+
+STEPS = 15
+SWITCH_AT = {"lora_only": 4, "shared_vllm": 9}
+"""Mode -> the trainer step reached before switching to it."""
+
+SYNC_EVERY = 2
+GROUPS_PER_STEP = quickstart_value("trainer", "batch_size") // quickstart_value("env", "group_size")
+
+
+class Stack:
+    """A supervised run of a plan, as a task of this event loop."""
+
+    def __init__(self, plan: Plan) -> None:
+        self.plan = plan
+        write_run_dir(plan)
+        self.supervisor = Supervisor(
+            plan.specs, plan.run_dir, exit_with=plan.exit_with, respec=plan.respec
+        )
+        self.task: asyncio.Task[RunOutcome] = asyncio.create_task(self.supervisor.run())
+
+    def latest_step(self) -> int:
+        series = self.supervisor.metrics.series("loss")
+        return int(series[-1][1] or 0) if series else 0
+
+    async def until(self, condition: Callable[[], bool], deadline_s: float, what: str) -> None:
+        """Poll ``condition`` (a real state of the run) until true; fail on run end."""
+        async with asyncio.timeout(deadline_s):
+            while not condition():
+                if self.task.done():
+                    raise AssertionError(f"run ended while waiting for {what}: {self.task}")
+                await asyncio.sleep(0.1)
+
+
+@pytest.fixture
+async def stacks() -> AsyncIterator[list[Stack]]:
+    """Stacks started by a test; any still running at teardown are shut down in order."""
+    started: list[Stack] = []
+    yield started
+    for stack in started:
+        if not stack.task.done():
+            await stack.supervisor.shutdown("test teardown")
+        await asyncio.gather(stack.task, return_exceptions=True)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(300)
+async def test_none_to_lora_only_to_shared_vllm_keeps_steps_and_rollouts(
+    tmp_path: Path, stacks: list[Stack]
+) -> None:
+    path = make_profile(
+        tmp_path,
+        mode="none",
+        overrides={
+            "trainer": {
+                "training_steps": STEPS,
+                "checkpoint_interval": 100,  # only the checkpoints a switch asks for
+                "sync_every": SYNC_EVERY,
+                "max_sync_lag": SYNC_EVERY,
+            },
+            "api": {"max_batches_offpolicy": 1},
+        },
+    )
+    stack = Stack(build_plan(load_profile(path)))
+    stacks.append(stack)
+    run_dir = stack.plan.run_dir
+    sup = stack.supervisor
+
+    await stack.until(lambda: bool(spawns(run_dir, "trainer")), 120, "the trainer's spawn")
+    run_id = run_id_of(spawns(run_dir, "trainer")[0][0])
+    ended_at: list[int] = []
+    for mode, step in SWITCH_AT.items():
+        await stack.until(lambda s=step: stack.latest_step() >= s, 180, f"step {step}")
+        await sup.switch_mode(mode)
+        ended_at.append(max(s for s, _ in trainer_steps(run_dir)))
+    outcome = await asyncio.wait_for(stack.task, 240)
+    assert outcome.exit_code == 0, outcome
+    assert tagged(run_id) == [], "processes of the run outlived it"
+
+    steps = [step for step, _ in trainer_steps(run_dir)]
+    print(f"mode switches after steps {ended_at}; steps {steps}")
+    assert steps == list(range(1, STEPS + 1))
+
+    trainers = spawns(run_dir, "trainer")
+    assert len(trainers) == 3
+    commands = [e["command"] for e in events(run_dir, "ProcessPlanned")]
+    trainer_modes = [
+        c[c.index("--weight-bridge-mode") + 1] for c in commands if "--weight-bridge-mode" in c
+    ]
+    assert trainer_modes[-1] == "shared_vllm" and "lora_only" in trainer_modes
+    inference = [c for c in commands if "grpo_trainer.serve" in c]
+    assert any("--enable-lora" in c for c in inference)
+    assert "--shared-weights" in inference[-1] and "--enable-lora" not in inference[-1]
+    resumed = [
+        int(m.group(1))
+        for e in events(run_dir, "Notice")
+        if (m := re.search(r"resuming from \S+ at step (\d+)", e["message"]))
+    ]
+    assert resumed == ended_at, (resumed, ended_at)
+
+    counts = queue_counts(run_dir)
+    print(f"queue {counts}")
+    assert counts["received"] == counts["served"] + counts["queued"], counts
+    assert counts["served"] == STEPS * GROUPS_PER_STEP, counts
+    saved = {p.name for p in (run_dir / "checkpoints").iterdir()}
+    assert f"step_{STEPS}" in saved
