@@ -48,6 +48,8 @@ MODES: tuple[str, ...] = get_args(Mode)
 SettingsT = TypeVar("SettingsT", bound=BaseModel)
 ValueT = TypeVar("ValueT")
 
+RESTART_MODES = ("none", "lora_restart")
+RESTART_SYNC_EVERY = 10
 TRAINER_READY = r"grpo-trainer ready"
 ENV_READY = r"grpo-env registered"
 
@@ -207,6 +209,10 @@ class RoleLayer:
         inference = self.inference or InferenceSettings()
         group_sizes = {env.group_size for env in self.envs if env is not None}
         defaults: dict[str, Any] = {"seed": self.seed, "resume": "auto"}
+        if self.mode in RESTART_MODES:
+            # Each sync restarts the inference server (seconds on a CPU, a minute for vLLM):
+            # sync every few steps unless the profile says otherwise.
+            defaults.update(sync_every=RESTART_SYNC_EVERY, max_sync_lag=RESTART_SYNC_EVERY - 1)
         if len(group_sizes) == 1:
             defaults["group_size"] = group_sizes.pop()
         wiring: dict[str, Any] = {

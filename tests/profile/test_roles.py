@@ -10,6 +10,7 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from grpo_trainer.train.config import TrainerConfig
 from grpo_tui.cli import app
 from grpo_tui.profile import load_profile
 from grpo_tui.roles import Plan, build_plan
@@ -191,6 +192,7 @@ def test_adapter_restart_serves_the_adapter_on_its_own_base(tmp_path: Path) -> N
 def test_bad_respec_changes_nothing(tmp_path: Path) -> None:
     plan = plan_for(QUICKSTART, tmp_path)
     before = plan.respec("inference", {}).command
+    mode = plan.roles.mode
     with pytest.raises(ValueError, match="unknown mode"):
         plan.respec("inference", {"mode": "turbo"})
     with pytest.raises(ValueError, match="only served in LoRA modes"):
@@ -198,7 +200,7 @@ def test_bad_respec_changes_nothing(tmp_path: Path) -> None:
     with pytest.raises(ValidationError):
         plan.respec("inference", {"port": "many"})
     assert plan.respec("inference", {}).command == before
-    assert plan.roles.mode == "none"
+    assert plan.roles.mode == mode
 
 
 def test_generic_respec_is_kept(tmp_path: Path) -> None:
@@ -246,3 +248,12 @@ def test_process_table_adjusts_a_role_process(tmp_path: Path) -> None:
         "inference"
     )
     assert plan.respec("trainer", {"mode": "lora_only"}).restart.max_restarts == 9
+
+
+def test_restart_modes_sync_every_few_steps_unless_the_profile_says(tmp_path: Path) -> None:
+    for mode, expected in [("none", 10), ("lora_restart", 10), ("shared_vllm", 1)]:
+        plan = plan_for(QUICKSTART, tmp_path / mode, mode=mode)
+        trainer = {s.name: s for s in plan.specs}["trainer"]
+        config = TrainerConfig.from_argv(trainer.command[3:])
+        assert config.weight_bridge_mode == mode
+        assert config.sync_every == expected
