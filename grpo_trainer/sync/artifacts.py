@@ -45,9 +45,21 @@ def save_adapter(model: nn.Module, checkpoint_dir: Path, name: str) -> Path:
     return target
 
 
-def prune_served(checkpoint_dir: Path, keep: Path) -> None:
-    """Remove every synced artifact except ``keep`` (the one inference now serves)."""
+def prune_served(checkpoint_dir: Path, keep: Path, history: int = 2) -> None:
+    """Remove synced artifacts but ``keep`` (served now) and the ``history`` newest others.
+
+    vLLM may reread an adapter's files after the swap (requests still in flight, an
+    adapter evicted from its GPU slot): deleting the previous one at once kills its engine.
+    """
     root = served_dir(checkpoint_dir)
-    for path in root.iterdir():
-        if path.is_dir() and path.resolve() != keep.resolve() and not path.name.startswith("."):
-            shutil.rmtree(path)
+    others = sorted(
+        (
+            path
+            for path in root.iterdir()
+            if path.is_dir() and path.resolve() != keep.resolve() and not path.name.startswith(".")
+        ),
+        key=lambda path: path.stat().st_mtime,
+        reverse=True,
+    )
+    for path in others[history:]:
+        shutil.rmtree(path)

@@ -35,17 +35,26 @@ class HotSwapSync(WeightSync):
         self.client = InferenceClient(context.inference_url)
 
     def load_adapter(self, path: Path) -> None:
-        """Serve the adapter at ``path`` under the stable name, replacing the previous one."""
-        self.client.post(
-            "/v1/load_lora_adapter",
-            json={
-                "lora_name": self.context.served_model_name,
-                "lora_path": str(path.resolve()),
-                "load_inplace": True,
-            },
-        )
-        if self.context.backend == "vllm":
-            self.client.post("/reset_prefix_cache")
+        """Serve the adapter at ``path`` under the stable name, replacing the previous one.
+
+        vLLM's engine can die when an adapter is reloaded while generations use it
+        (vllm-project/vllm#13698, seen on an H200 with 0.24.0), so generation is paused
+        (``wait``: in-flight requests finish first) around the reload there.
+        """
+        body = {
+            "lora_name": self.context.served_model_name,
+            "lora_path": str(path.resolve()),
+            "load_inplace": True,
+        }
+        if self.context.backend != "vllm":
+            self.client.post("/v1/load_lora_adapter", json=body)
+            return
+        self.client.post("/pause", mode="wait")
+        try:
+            self.client.post("/v1/load_lora_adapter", json=body)
+        finally:
+            self.client.post("/resume")
+        self.client.post("/reset_prefix_cache")
 
     def attach(self, model: nn.Module) -> nn.Module:
         """Serve the trainer's starting adapter before the first rollout is asked for."""
