@@ -247,10 +247,6 @@ def plan_cells(args: argparse.Namespace, gpu_model: str, tiny_model: str) -> lis
             sync_every = args.restart_sync_every if restart else 1
             lr = args.lora_lr if mode in LORA_MODES else args.lr
             device, dtype, model, note = args.device, args.dtype, gpu_model, ""
-            if backend == "builtin" and mode == "shared_vllm" and args.device != "cpu":
-                device, dtype, model = "cpu", "float32", tiny_model
-                lr = args.tiny_lr
-                note = "CPU, tiny model: built-in shared weights live in host memory"
             if args.quick:
                 lr = args.tiny_lr if mode not in LORA_MODES else args.tiny_lora_lr
             cells.append(Cell(backend, mode, device, dtype, model, steps, sync_every, lr, note))
@@ -807,6 +803,17 @@ def tail(path: Path, lines: int) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
+def first_errors(path: Path, lines: int = 80) -> str:
+    """The first lines that look like an error and the context after them: the root cause
+    of a crash usually comes long before the tail (vLLM's engine core traceback)."""
+    if not path.is_file():
+        return ""
+    text = path.read_text(errors="replace").splitlines()
+    marker = ("Traceback", "Error", "ERROR", "Exception")
+    start = next((i for i, line in enumerate(text) if any(m in line for m in marker)), None)
+    return "" if start is None else "\n".join(text[max(0, start - 5) : start + lines])
+
+
 def diagnostics(results: list[CellResult], orphan: dict[str, Any] | None, work: Path) -> str:
     """Log tails of every process of every cell that did not end ok (all cells: short)."""
     out = ["# Diagnostics", ""]
@@ -820,6 +827,9 @@ def diagnostics(results: list[CellResult], orphan: dict[str, Any] | None, work: 
             text = tail(path, 60 if bad else 8)
             if text:
                 out += [f"### {path.name}", "```", text, "```"]
+            first = first_errors(path) if bad else ""
+            if first:
+                out += [f"### {path.name}: first error lines", "```", first, "```"]
         notices = [
             e
             for e in _lines(Path(r.run_dir, "events.jsonl") if r.run_dir else Path("-"))
