@@ -96,7 +96,6 @@ async def test_none_to_lora_only_to_shared_vllm_keeps_steps_and_rollouts(
                 "sync_every": SYNC_EVERY,
                 "max_sync_lag": SYNC_EVERY,
             },
-            "api": {"max_batches_offpolicy": 1},
         },
     )
     stack = Stack(build_plan(load_profile(path)))

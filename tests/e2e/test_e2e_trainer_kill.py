@@ -71,7 +71,6 @@ def test_trainer_sigkill_resumes_from_checkpoint_and_loses_no_rollout(
         mode=MODE,
         overrides={
             "trainer": {"training_steps": STEPS, "checkpoint_interval": INTERVAL},
-            "api": {"max_batches_offpolicy": 1},
         },
     )
     run = HeadlessCli(profile, MODE, tmp_path / "console.log")
