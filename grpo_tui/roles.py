@@ -49,7 +49,7 @@ SettingsT = TypeVar("SettingsT", bound=BaseModel)
 ValueT = TypeVar("ValueT")
 
 RESTART_MODES = ("none", "lora_restart")
-RESTART_SYNC_EVERY = 10
+RESTART_SYNC_EVERY = 4
 TRAINER_READY = r"grpo-trainer ready"
 ENV_READY = r"grpo-env registered"
 
