@@ -52,7 +52,9 @@ def test_every_cell_profile_passes_check_with_the_vllm_flags(tmp_path: Path) -> 
     assert "VLLM_SERVER_DEV_MODE=1" in shared
     assert all("--sync-every 4" in plans[f"vllm-{m}"] for m in ("none", "lora_restart"))
     builtin_shared = plans["builtin-shared_vllm"]
-    assert "--device cpu" in builtin_shared and "--shared-weights" in builtin_shared
+    # The built-in shared mode shares the server's GPU weights through CUDA IPC.
+    assert "--device cpu" not in builtin_shared
+    assert "--device cuda" in builtin_shared and "--shared-weights" in builtin_shared
 
 
 @pytest.mark.e2e
