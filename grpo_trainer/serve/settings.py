@@ -128,6 +128,23 @@ def _common_env(settings: InferenceSettings) -> dict[str, str]:
     return env
 
 
+def _serve_flags(settings: InferenceSettings, *, mode: str, model: str) -> list[str]:
+    """The model and the flags both servers share (vLLM's names)."""
+    return [
+        model,
+        "--host",
+        settings.host,
+        "--port",
+        str(settings.port),
+        "--served-model-name",
+        settings.base_model_name(mode),
+        "--dtype",
+        settings.dtype,
+        "--seed",
+        str(settings.seed),
+    ]
+
+
 def _builtin_command(
     settings: InferenceSettings,
     *,
@@ -140,19 +157,9 @@ def _builtin_command(
         sys.executable,
         "-m",
         "grpo_trainer.serve",
-        model,
-        "--host",
-        settings.host,
-        "--port",
-        str(settings.port),
-        "--served-model-name",
-        settings.base_model_name(mode),
-        "--dtype",
-        settings.dtype,
+        *_serve_flags(settings, mode=mode, model=model),
         "--device",
         settings.device,
-        "--seed",
-        str(settings.seed),
         *settings.cpu_threads_flag,
     ]
     if settings.max_model_len is not None:
@@ -174,17 +181,7 @@ def _vllm_command(
     argv = [
         *settings.vllm_executable,
         "serve",
-        model,
-        "--host",
-        settings.host,
-        "--port",
-        str(settings.port),
-        "--served-model-name",
-        settings.base_model_name(mode),
-        "--dtype",
-        settings.dtype,
-        "--seed",
-        str(settings.seed),
+        *_serve_flags(settings, mode=mode, model=model),
         "--logprobs-mode",
         "processed_logprobs",
     ]
