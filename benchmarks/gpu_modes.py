@@ -46,11 +46,11 @@ from typing import Any
 import psutil
 import tomli_w
 
+from grpo_trainer.sync.restart import RESTART_MODES
 from grpo_tui.supervisor.tree import PROCESS_VAR, RUN_ID_VAR, is_alive, tagged
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("none", "lora_only", "lora_restart", "shared_vllm")
-RESTART_MODES = ("none", "lora_restart")
 LORA_MODES = ("lora_only", "lora_restart")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MIB = 1024 * 1024

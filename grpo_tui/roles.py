@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from grpo_trainer.api.settings import TOKEN_ENV, ApiSettings
 from grpo_trainer.envs.settings import EnvSettings
 from grpo_trainer.serve.settings import LORA_MODES, InferenceSettings, Mode, inference_command
+from grpo_trainer.sync.restart import RESTART_MODES
 from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.resume import read_checkpoint, resolve_resume
 from grpo_tui.profile import (
@@ -48,7 +49,6 @@ MODES: tuple[str, ...] = get_args(Mode)
 SettingsT = TypeVar("SettingsT", bound=BaseModel)
 ValueT = TypeVar("ValueT")
 
-RESTART_MODES = ("none", "lora_restart")
 RESTART_SYNC_EVERY = 4
 TRAINER_READY = r"grpo-trainer ready"
 ENV_READY = r"grpo-env registered"
