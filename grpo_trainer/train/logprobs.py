@@ -2,19 +2,26 @@
 
 Temperature convention (the inference server's): ``logp = log_softmax(logits / T)`` at the
 sampled token, with ``T`` per sequence. The naive way materialises float32 logits and
-log-softmax for every position of the micro-batch (``B * L * V`` floats, twice, plus their
-gradients). ``ChunkedTokenLogprobs`` instead takes the final hidden states and the output
-projection, and computes the logits of ``chunk_size`` positions at a time, in forward and
-again in backward, so that peak memory grows with ``chunk_size * V``, not ``B * L * V``.
+log-softmax for every position of the micro-batch (``B * L * V`` floats, several times,
+plus their gradients). ``ChunkedTokenLogprobs`` instead takes the final hidden states and
+the output projection and computes the logits one vocabulary slice at a time, in forward
+and again in backward, each slice ``tokens x width`` with ``tokens * width ~ chunk_size *
+V``: peak memory grows with ``chunk_size * V``, not ``B * L * V``, and every matmul runs
+in the weight's dtype (tensor cores for bf16).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
+
+# Slice widths above this are rounded up to a multiple of it: bf16 GEMM operands stay
+# 16-byte aligned and fill whole tiles.
+_WIDTH_ALIGN = 128
 
 
 @dataclass
@@ -26,18 +33,22 @@ class TokenLogprobs:
 
 
 def _compute_dtype(tensor: Tensor) -> torch.dtype:
-    """At least float32: bf16/fp16 logits are upcast per chunk, float64 stays float64."""
+    """At least float32: bf16/fp16 logits are upcast per slice, float64 stays float64."""
     return torch.promote_types(tensor.dtype, torch.float32)
 
 
 class ChunkedTokenLogprobs(torch.autograd.Function):
-    """``log_softmax(h @ W.T / T)[label]`` and entropy, chunk by chunk, recomputed in backward.
+    """``log_softmax(h @ W.T * s)[label]`` and entropy by vocabulary slices, redone in backward.
 
-    Forward, for positions ``n`` with hidden ``h_n``, inverse temperature ``s_n`` and
-    ``z_n = s_n * W h_n``: ``logp_n = z_n[y_n] - logsumexp(z_n)``, ``H_n = -sum(p log p)``.
-    Backward, with ``q = log_softmax(z)``: ``dlogp/dz = onehot(y) - p`` and
-    ``dH/dz = -p * (q + H)``; chain through ``s_n`` to ``h`` and ``W``. Temporaries are
-    updated in place so a chunk costs about two ``chunk_size x V`` buffers.
+    For position ``n`` with hidden ``h_n``, inverse temperature ``s_n`` and logits
+    ``z_n = s_n * W h_n``: ``logp_n = z_n[y_n] - lse_n``, ``H_n = -sum(p q)`` with
+    ``q = z_n - lse_n`` and ``p = exp(q)``. Forward computes each slice ``W[v0:v1]``'s own
+    logsumexp (and entropy), combines them per position and keeps only ``lse`` for backward.
+    Backward recomputes each slice with the same matmul call as forward (the same logits, so
+    ``p`` agrees with forward's ``lse``), forms ``dz = s * (g_logp * (onehot(y) - p) - g_H * p *
+    (q + H))`` in float32, then ``dW[v0:v1] = dz.T @ h`` as one matmul (the sum over all
+    positions happens inside it: no ``V x H`` float32 buffer) and ``dh += dz @ W[v0:v1]``
+    (``N x H``, accumulated in float32).
     """
 
     @staticmethod
@@ -50,18 +61,31 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
         chunk_size: int,
         with_entropy: bool,
     ) -> tuple[Tensor, Tensor]:
-        n = hidden.shape[0]
-        compute = _compute_dtype(hidden)
-        logp = torch.empty(n, dtype=compute, device=hidden.device)
-        entropy = torch.empty(n if with_entropy else 0, dtype=compute, device=hidden.device)
-        for start in range(0, n, chunk_size):
-            end = min(start + chunk_size, n)
-            q = _chunk_log_softmax(hidden[start:end], weight, inv_temp[start:end], compute)
-            logp[start:end] = q.gather(1, labels[start:end, None]).squeeze(1)
+        s = inv_temp[:, None]
+        width = _slice_width(hidden.shape[0], weight.shape[0], chunk_size)
+        # Per slice k and position: -max of the scaled logits u, sum e^u, sum e^u * u.
+        neg_shift, total, weighted = inv_temp.new_empty(3, -(-weight.shape[0] // width), len(s))
+        label_logit = torch.zeros_like(inv_temp)
+        neg_inv_temp = -inv_temp
+        for k, (v0, v1, hit, cols) in enumerate(_vocab_slices(labels, weight.shape[0], width)):
+            z = hidden @ weight[v0:v1].T
+            label_logit = torch.where(hit, z.gather(1, cols).squeeze(1), label_logit)
+            torch.mul(z.amax(-1), neg_inv_temp, out=neg_shift[k])
+            u = torch.addcmul(neg_shift[k, :, None], s, z)
+            e = u.exp() if with_entropy else u.exp_()
+            torch.sum(e, -1, out=total[k])
             if with_entropy:
-                entropy[start:end] = -(q.exp() * q).sum(-1)
-        ctx.save_for_backward(hidden, weight, labels, inv_temp, entropy)
-        ctx.chunk_size = chunk_size
+                torch.sum(e.mul_(u), -1, out=weighted[k])
+        slice_lse = total.log() - neg_shift
+        lse = torch.logsumexp(slice_lse, 0)
+        logp = label_logit * inv_temp - lse
+        entropy = inv_temp.new_empty(0)
+        if with_entropy:
+            # H = sum_k w_k * (H_k - d_k): slice entropy H_k, d_k = lse_k - lse, w_k = e^d_k
+            slice_entropy = total.log() - weighted / total
+            entropy = ((slice_entropy - slice_lse + lse) * (slice_lse - lse).exp()).sum(0)
+        ctx.save_for_backward(hidden, weight, labels, inv_temp, lse, entropy)
+        ctx.width = width
         ctx.with_entropy = with_entropy
         ctx.set_materialize_grads(False)
         return logp, entropy
@@ -70,51 +94,68 @@ class ChunkedTokenLogprobs(torch.autograd.Function):
     def backward(
         ctx: Any, grad_logp: Tensor | None, grad_entropy: Tensor | None
     ) -> tuple[Tensor | None, ...]:
-        hidden, weight, labels, inv_temp, entropy = ctx.saved_tensors
-        compute = _compute_dtype(hidden)
-        grad_hidden = torch.zeros_like(hidden) if ctx.needs_input_grad[0] else None
-        grad_weight = (
-            torch.zeros(weight.shape, dtype=compute, device=weight.device)
-            if ctx.needs_input_grad[1]
-            else None
-        )
+        hidden, weight, labels, inv_temp, lse, entropy = ctx.saved_tensors
         if not ctx.with_entropy:
             grad_entropy = None
-        for start in range(0, hidden.shape[0], ctx.chunk_size):
-            end = min(start + ctx.chunk_size, hidden.shape[0])
-            h = hidden[start:end]
-            s = inv_temp[start:end, None]
-            grad = _chunk_log_softmax(h, weight, inv_temp[start:end], compute)
-            p = grad.exp()
-            if grad_entropy is not None:
-                # grad = p * (-g_H * (q + H) - g_logp)
-                grad.add_(entropy[start:end, None]).mul_(-grad_entropy[start:end, None])
+        s = inv_temp[:, None]
+        neg_lse = -lse[:, None]
+        g = (grad_logp if grad_logp is not None else torch.zeros_like(lse))[:, None]
+        if grad_entropy is None:
+            # dz = -s g * (p - onehot(y))
+            scale = -s * g
+            label_value = torch.full_like(lse, -1.0)
+        else:
+            # dz = p * (a + b q) + s g onehot(y)
+            gh = grad_entropy[:, None]
+            a = -s * (g + gh * entropy[:, None])
+            b = -s * gh
+            label_value = (s * g).squeeze(1)
+        grad_hidden = torch.zeros_like(hidden, dtype=lse.dtype) if ctx.needs_input_grad[0] else None
+        grad_weight = torch.empty_like(weight) if ctx.needs_input_grad[1] else None
+        for v0, v1, hit, cols in _vocab_slices(labels, weight.shape[0], ctx.width):
+            w = weight[v0:v1]
+            z = hidden @ w.T
+            q = torch.addcmul(neg_lse, s, z)
+            onehot = torch.where(hit, label_value, 0.0)[:, None]
+            if grad_entropy is None:
+                p = q.exp_()
+                p.scatter_add_(1, cols, onehot)
+                grad = torch.mul(p, scale, out=z)
             else:
-                grad.zero_()
-            if grad_logp is not None:
-                g = grad_logp[start:end, None]
-                grad.sub_(g).mul_(p)
-                grad.scatter_add_(1, labels[start:end, None], g)
-            else:
-                grad.mul_(p)
-            del p
-            grad.mul_(s)
-            if grad_hidden is not None:
-                grad_hidden[start:end] = (grad.to(weight.dtype) @ weight).to(hidden.dtype)
+                p = q.exp()
+                p.mul_(torch.addcmul(a, b, q, out=q))
+                p.scatter_add_(1, cols, onehot)
+                grad = z.copy_(p)
             if grad_weight is not None:
-                grad_weight.addmm_(grad.T, h.to(compute))
-        if grad_weight is not None:
-            grad_weight = grad_weight.to(weight.dtype)
+                torch.mm(grad.T, hidden, out=grad_weight[v0:v1])
+            if grad_hidden is not None:
+                grad_hidden += grad @ w
+        if grad_hidden is not None:
+            grad_hidden = grad_hidden.to(hidden.dtype)
         return grad_hidden, grad_weight, None, None, None, None
 
 
-def _chunk_log_softmax(
-    hidden: Tensor, weight: Tensor, inv_temp: Tensor, compute: torch.dtype
-) -> Tensor:
-    """``log_softmax((hidden @ W.T) * inv_temp)`` for one chunk, in ``compute`` precision."""
-    z = (hidden @ weight.T).to(compute)
-    z.mul_(inv_temp[:, None])
-    return z.sub_(torch.logsumexp(z, dim=-1, keepdim=True))
+def _slice_width(tokens: int, vocab: int, chunk_size: int) -> int:
+    """Vocabulary rows per slice: ``tokens x width`` logits cost ``chunk_size`` full rows."""
+    width = -(-chunk_size * vocab // max(tokens, 1))
+    if width > _WIDTH_ALIGN:
+        width = -(-width // _WIDTH_ALIGN) * _WIDTH_ALIGN
+    return min(width, vocab)
+
+
+def _vocab_slices(
+    labels: Tensor, vocab: int, width: int
+) -> Iterator[tuple[int, int, Tensor, Tensor]]:
+    """``(v0, v1, hit, cols)`` per slice ``[v0, v1)`` of the vocabulary.
+
+    ``hit[n]`` says whether ``labels[n]`` falls in the slice and ``cols[n, 0]`` is its column
+    there; for the other positions ``cols`` is only clamped into range (their ``hit`` is False).
+    """
+    slice_of = torch.div(labels, width, rounding_mode="floor")
+    cols = (labels - slice_of * width)[:, None]
+    for k, v0 in enumerate(range(0, vocab, width)):
+        v1 = min(v0 + width, vocab)
+        yield v0, v1, slice_of == k, cols.clamp(max=v1 - v0 - 1)
 
 
 def output_projection(model: nn.Module) -> Tensor:
@@ -139,7 +180,7 @@ def chunked_token_logprobs(
     """Logprobs of ``input_ids[:, 1:]`` under ``model``: memory-lean path.
 
     ``temperatures`` is ``[B]``. Runs the decoder for final hidden states, then the LM head
-    chunk by chunk (see ``ChunkedTokenLogprobs``).
+    slice by vocabulary slice (see ``ChunkedTokenLogprobs``).
     """
     hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask)[0]
     batch, length = input_ids.shape

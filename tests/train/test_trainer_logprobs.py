@@ -9,7 +9,11 @@ import torch
 from train_helpers import tiny_model
 
 from grpo_trainer.models import load_model
-from grpo_trainer.train.logprobs import chunked_token_logprobs, naive_token_logprobs
+from grpo_trainer.train.logprobs import (
+    ChunkedTokenLogprobs,
+    chunked_token_logprobs,
+    naive_token_logprobs,
+)
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +56,66 @@ def test_temperature_changes_logprobs(model_path: Path) -> None:
     cold = chunked_token_logprobs(model, ids, mask, torch.tensor([0.5])).logprobs
     hot = chunked_token_logprobs(model, ids, mask, torch.tensor([2.0])).logprobs
     assert not torch.allclose(cold, hot)
+
+
+def _reference(hidden, weight, labels, inv_temp):
+    q = torch.log_softmax((hidden @ weight.T).to(inv_temp.dtype) * inv_temp[:, None], dim=-1)
+    return q.gather(1, labels[:, None]).squeeze(1), -(q.exp() * q).sum(-1)
+
+
+def _inputs(dtype: torch.dtype, weight_grad: bool = True):
+    g = torch.Generator().manual_seed(3)
+    n, dim, vocab = 8, 6, 300
+    hidden = (torch.randn(n, dim, generator=g, dtype=torch.float64) * 2).to(dtype)
+    weight = torch.randn(vocab, dim, generator=g, dtype=torch.float64).to(dtype)
+    # Slice edges for widths 38 (chunk 1) and 256 (chunk 4), both vocabulary ends, repeats.
+    labels = torch.tensor([0, 37, 38, 255, 256, 299, 38, 299])
+    inv_temp = torch.rand(n, generator=g, dtype=torch.float64).add(0.5)
+    inv_temp = inv_temp.to(torch.promote_types(dtype, torch.float32))
+    return hidden.requires_grad_(), weight.requires_grad_(weight_grad), labels, inv_temp
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4, 100])
+@pytest.mark.parametrize("terms", ["both", "logp", "entropy"])
+def test_vocab_slices_match_reference_at_slice_edges(chunk_size: int, terms: str) -> None:
+    """Labels on slice and vocabulary edges, a narrow last slice, N below one chunk."""
+    results = []
+    for chunked in (True, False):
+        hidden, weight, labels, inv_temp = _inputs(torch.float64)
+        if chunked:
+            logp, entropy = ChunkedTokenLogprobs.apply(
+                hidden, weight, labels, inv_temp, chunk_size, terms != "logp"
+            )
+        else:
+            logp, entropy = _reference(hidden, weight, labels, inv_temp)
+        loss = logp.sum() * (terms != "entropy") + entropy.square().sum() * (terms != "logp")
+        loss.backward()
+        results.append((logp, entropy if terms != "logp" else None, hidden.grad, weight.grad))
+    for a, b in zip(*results, strict=True):
+        if b is not None:
+            assert torch.allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+def test_frozen_head_gets_no_gradient_and_hidden_still_does() -> None:
+    hidden, weight, labels, inv_temp = _inputs(torch.float64, weight_grad=False)
+    logp, _ = ChunkedTokenLogprobs.apply(hidden, weight, labels, inv_temp, 2, False)
+    logp.sum().backward()
+    expected = torch.autograd.grad(_reference(hidden, weight, labels, inv_temp)[0].sum(), hidden)
+    assert weight.grad is None
+    assert torch.allclose(hidden.grad, expected[0], rtol=1e-9, atol=1e-12)
+
+
+def test_bfloat16_weights_keep_float32_logprobs_close_to_reference() -> None:
+    """bf16 matmuls, float32 softmax: values and gradients within bf16 rounding of the reference."""
+    hidden, weight, labels, inv_temp = _inputs(torch.bfloat16)
+    logp, entropy = ChunkedTokenLogprobs.apply(hidden, weight, labels, inv_temp, 1, True)
+    assert logp.dtype == entropy.dtype == torch.float32
+    (logp.sum() + entropy.sum()).backward()
+    grads = hidden.grad, weight.grad
+    assert grads[0].dtype == grads[1].dtype == torch.bfloat16
+    ref_logp, ref_entropy = _reference(hidden.float(), weight.float(), labels, inv_temp)
+    ref_grads = torch.autograd.grad(ref_logp.sum() + ref_entropy.sum(), (hidden, weight))
+    assert torch.allclose(logp, ref_logp, atol=0.05)
+    assert torch.allclose(entropy, ref_entropy, atol=0.05)
+    for got, ref in zip(grads, ref_grads, strict=True):
+        assert (got.float() - ref.float()).norm() <= 0.03 * ref.float().norm()
