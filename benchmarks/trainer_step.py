@@ -2,13 +2,15 @@
 
 One training step (forward, GRPO loss, backward) of a randomly initialised Qwen2 model on
 random sequences, run for each variant in a fresh subprocess so peak memory is its own.
-Prints tokens/s and peak memory side by side. When TRL is importable, its
-``selective_log_softmax`` (TRL's memory-saving logprob path over full logits) joins as a
-third row, with the same GRPO loss on top.
+Prints tokens/s and peak memory side by side, one chunked row per ``--chunk-size`` (several
+sizes in one call save GPU time). When TRL is importable, its ``selective_log_softmax``
+(TRL's memory-saving logprob path over full logits) joins as a row, with the same GRPO
+loss on top. ``--entropy`` also computes the per-token entropy, as the trainer does for
+its metrics.
 
     python benchmarks/trainer_step.py                       # CPU, small model
     python benchmarks/trainer_step.py --shape qwen2.5-0.5b --device cuda --dtype bfloat16 \\
-        --seq-len 1024 --batch 4                            # GPU (the lead runs this)
+        --seq-len 1024 --batch 4 --chunk-size 128 256 512 1024   # GPU (the lead runs this)
 
 CPU peak memory is the step's peak RSS above the RSS before the first step; CUDA peak
 memory is ``torch.cuda.max_memory_allocated`` during the timed steps.
@@ -50,7 +52,11 @@ def measure(args: argparse.Namespace) -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from grpo_trainer.models import DTYPES
-    from grpo_trainer.train.logprobs import chunked_token_logprobs, naive_token_logprobs
+    from grpo_trainer.train.logprobs import (
+        TokenLogprobs,
+        chunked_token_logprobs,
+        naive_token_logprobs,
+    )
     from grpo_trainer.train.loss import LossSettings, policy_loss
 
     torch.manual_seed(0)
@@ -72,9 +78,22 @@ def measure(args: argparse.Namespace) -> dict:
 
     def step() -> None:
         if args.variant == "chunked":
-            out = chunked_token_logprobs(model, ids, attention, temps, chunk_size=args.chunk_size)
+            out = chunked_token_logprobs(
+                model,
+                ids,
+                attention,
+                temps,
+                chunk_size=args.chunk_size[0],
+                with_entropy=args.entropy,
+            )
+        elif args.variant == "trl":
+            from trl.trainer.utils import selective_log_softmax
+
+            logits = model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+            logp = selective_log_softmax(logits / temps[:, None, None], ids[:, 1:])
+            out = TokenLogprobs(logp, None)
         else:
-            out = naive_token_logprobs(model, ids, attention, temps)
+            out = naive_token_logprobs(model, ids, attention, temps, with_entropy=args.entropy)
         loss = policy_loss(
             out.logprobs,
             mu,
@@ -105,7 +124,7 @@ def measure(args: argparse.Namespace) -> dict:
     else:
         peak = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before) / 1e9
     return {
-        "variant": args.variant,
+        "variant": f"chunked {args.chunk_size[0]}" if args.variant == "chunked" else args.variant,
         "tokens_per_s": b * length * args.steps / elapsed,
         "step_s": elapsed / args.steps,
         "peak_gb": peak,
@@ -120,35 +139,44 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=256)
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--steps", type=int, default=3)
-    parser.add_argument("--chunk-size", type=int, default=256)
+    parser.add_argument("--chunk-size", type=int, nargs="+", default=[256])
+    parser.add_argument("--entropy", action="store_true", help="also compute the entropy")
     parser.add_argument("--variant", choices=["chunked", "naive", "trl"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.variant:
         print(json.dumps(measure(args)))
         return
     rows = []
-    variants = ["chunked", "naive"]
+    runs = [("chunked", size) for size in args.chunk_size] + [("naive", args.chunk_size[0])]
     if importlib.util.find_spec("trl") is not None:
-        variants.append("trl")
-    for variant in variants:
+        runs.append(("trl", args.chunk_size[0]))
+    for variant, size in runs:
+        # The last --chunk-size on the command line wins: the child measures one size.
         argv = [sys.executable, __file__, *sys.argv[1:], "--variant", variant]
-        out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-        rows.append(json.loads(out.strip().splitlines()[-1]))
+        child = subprocess.run([*argv, "--chunk-size", str(size)], capture_output=True, text=True)
+        if child.returncode != 0:  # e.g. out of memory: report it, keep the other rows
+            tail = child.stderr.strip().splitlines()[-1:] or [f"exit {child.returncode}"]
+            print(f"{variant} {size} failed: {tail[0]}", file=sys.stderr)
+            continue
+        rows.append(json.loads(child.stdout.strip().splitlines()[-1]))
     print(
-        f"shape={args.shape} device={args.device} dtype={args.dtype} "
-        f"batch={args.batch} seq_len={args.seq_len} steps={args.steps}"
+        f"shape={args.shape} device={args.device} dtype={args.dtype} batch={args.batch} "
+        f"seq_len={args.seq_len} steps={args.steps} entropy={args.entropy}"
     )
-    print(f"{'variant':<10}{'tokens/s':>12}{'step s':>10}{'peak GB':>10}")
+    naive = next((row for row in rows if row["variant"] == "naive"), None)
+    print(f"{'variant':<14}{'tokens/s':>12}{'step s':>10}{'peak GB':>10}{'memory':>9}{'speed':>8}")
     for row in rows:
+        ratios = ""
+        if naive is not None:
+            ratios = (
+                f"{row['peak_gb'] / naive['peak_gb']:>8.2f}x"
+                f"{row['tokens_per_s'] / naive['tokens_per_s']:>7.2f}x"
+            )
         print(
-            f"{row['variant']:<10}{row['tokens_per_s']:>12.0f}{row['step_s']:>10.3f}"
-            f"{row['peak_gb']:>10.3f}"
+            f"{row['variant']:<14}{row['tokens_per_s']:>12.0f}{row['step_s']:>10.3f}"
+            f"{row['peak_gb']:>10.3f}{ratios}"
         )
-    chunked, naive = rows[:2]
-    print(
-        f"chunked/naive: peak memory {chunked['peak_gb'] / naive['peak_gb']:.2f}x, "
-        f"speed {chunked['tokens_per_s'] / naive['tokens_per_s']:.2f}x"
-    )
+    print("memory and speed are relative to naive; target: memory <= 0.60x at speed >= 1.00x")
 
 
 if __name__ == "__main__":
