@@ -10,18 +10,21 @@ redraw per event: the dashboard calls :meth:`MetricChart.redraw` on a timer.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
-from textual.app import ComposeResult
+from textual.app import ComposeResult, RenderResult
 from textual.containers import Vertical
+from textual_hires_canvas import Canvas
 from textual_plot import HiResMode, PlotWidget
 
 from grpo_tui.run_state import Point, SeriesStore
 
 PALETTE = ("cyan", "magenta", "yellow", "green", "red", "blue")
-MAX_POINTS = 240
-"""Points drawn per series: downsampled, so a long run costs the same to draw as a short one."""
+UNSIZED_BUCKETS = 120
+"""Downsampling buckets per series before the chart's width is known (then: its dots across)."""
 
 
 @dataclass(frozen=True)
@@ -55,12 +58,22 @@ class ChartSpec:
         return chosen
 
 
-def _downsample(points: Sequence[Point], limit: int) -> Sequence[Point]:
-    if len(points) <= limit:
+def downsample(points: Sequence[Point], buckets: int) -> Sequence[Point]:
+    """The first and last point, and the lowest and highest of each of ``buckets`` runs.
+
+    A chart ``buckets`` braille dots wide shows no more than that, so a long run costs the
+    same to draw as a short one; keeping each run's extremes keeps spikes and the envelope
+    of a noisy series, which taking every n-th point would alias away. Order is kept.
+    """
+    if len(points) <= 2 * buckets:
         return points
-    stride = len(points) / limit
-    picked = [points[int(i * stride)] for i in range(limit - 1)]
-    return [*picked, points[-1]]
+    values = np.fromiter((point[2] for point in points), dtype=float, count=len(points))
+    edges = np.linspace(0, len(points), buckets + 1).astype(int)
+    keep = {0, len(points) - 1}
+    for start, end in pairwise(edges.tolist()):
+        run = values[start:end]
+        keep |= {start + int(run.argmin()), start + int(run.argmax())}
+    return [points[i] for i in sorted(keep)]
 
 
 class Plot(PlotWidget, can_focus=False):
@@ -70,6 +83,19 @@ class Plot(PlotWidget, can_focus=False):
         self.margin_top = 0
         self.margin_bottom = 1
         self.margin_left = 7
+
+    def render(self) -> RenderResult:
+        """Draw with one refresh per canvas instead of one per braille cell set."""
+        with ExitStack() as stack:
+            for canvas in self.query(Canvas):
+                stack.enter_context(canvas.batch_refresh())
+            return super().render()
+
+    @property
+    def dots_across(self) -> int:
+        """Braille dots across the plotting area (:data:`UNSIZED_BUCKETS` before layout)."""
+        width = self.size.width - self.margin_left
+        return 2 * width if width > 0 else UNSIZED_BUCKETS
 
 
 class MetricChart(Vertical):
@@ -98,7 +124,7 @@ class MetricChart(Vertical):
         self.border_title = self._title(data)
         xs_all: list[float] = []
         for index, points in enumerate(data.values()):
-            shown = _downsample(points, MAX_POINTS)
+            shown = downsample(points, plot.dots_across)
             xs = [self._x(p) for p in shown]
             ys = [p[2] for p in shown]
             xs_all += xs
