@@ -19,6 +19,7 @@ from typer.core import TyperGroup
 from grpo_tui.profile import Profile, ProfileError, load_profile
 from grpo_tui.roles import Plan, build_plan
 from grpo_tui.supervisor.spec import ExecProbe, HttpProbe, LogLineProbe, ProcessSpec, TcpProbe
+from grpo_tui.terminal import prefer_quick_escape
 
 DEFAULT_PROFILE = Path("profiles/quickstart.toml")
 EXIT_BAD_INPUT = 2
@@ -93,6 +94,7 @@ def tui(
         loaded, _ = _load(path, mode)
     except ProfileError as error:
         raise _fail(error) from None
+    prefer_quick_escape()
     from grpo_tui.app import run_app
 
     raise typer.Exit(run_app(loaded, mode=mode) or 0)
@@ -140,6 +142,7 @@ def view(
     if not (run_dir / "events.jsonl").is_file() and not (run_dir / "profile.toml").is_file():
         _err().print(f"[bold red]error[/] {escape(str(run_dir))}: not a run directory")
         raise typer.Exit(EXIT_BAD_INPUT)
+    prefer_quick_escape()
     from grpo_tui.app import run_view
 
     raise typer.Exit(run_view(run_dir) or 0)
