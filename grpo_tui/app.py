@@ -143,6 +143,7 @@ class GrpoTuiApp(App[int]):
         self._run_worker: Worker[None] | None = None
         self._quitting = False
         self.logs_screen = LogsScreen()
+        self.help_screen = HelpScreen()
 
     @property
     def read_only(self) -> bool:
@@ -154,6 +155,7 @@ class GrpoTuiApp(App[int]):
         if self.keymap:
             self.set_keymap(self.keymap)
         self.install_screen(self.logs_screen, "logs")
+        self.install_screen(self.help_screen, "help")
         if self.read_only:
             self.push_screen(RunViewerScreen())
             return
@@ -293,7 +295,9 @@ class GrpoTuiApp(App[int]):
             self.logs_screen.show_stream(target)
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen())
+        """Show the keys; the screen is built once and kept (the keymap is fixed at start)."""
+        if self.help_screen not in self.screen_stack:
+            self.push_screen("help")
 
     async def action_quit(self) -> None:
         """Ordered shutdown, asking first while a trainer is running."""

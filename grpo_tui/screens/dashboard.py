@@ -1,7 +1,11 @@
 """The dashboard: header, process table, chart grid and the supervisor's event tail.
 
-Everything here is drawn from the app's :class:`RunState` on timers (2 Hz for the table,
-header and charts; ~12 Hz for the event tail), never per event.
+Everything here is drawn from the app's :class:`RunState` on timers, never per event: the
+table and header at 2 Hz, the event tail at ~12 Hz, and the charts in turn, one every
+1/18 s, so each is redrawn twice a second but no single frame redraws all nine (a frame
+that does blocks the keys pressed meanwhile). Nothing is drawn while another screen is
+on top: Textual keeps the screen under a pushed one "current", and drawing there would
+only leave charts to re-render on the key press that comes back.
 """
 
 from __future__ import annotations
@@ -11,9 +15,9 @@ from typing import TYPE_CHECKING
 from textual.app import ComposeResult
 from textual.containers import Grid
 from textual.screen import Screen
-from textual.widgets import Footer
 
 from grpo_tui.run_state import SUPERVISOR_LOG
+from grpo_tui.widgets.key_bar import KeyBar
 from grpo_tui.widgets.log_pane import LogPane
 from grpo_tui.widgets.metric_chart import DASHBOARD_CHARTS, MetricChart
 from grpo_tui.widgets.process_table import ProcessTable
@@ -39,29 +43,47 @@ class DashboardScreen(Screen[None]):
             for spec in DASHBOARD_CHARTS:
                 yield MetricChart(spec, t0=state.started_at or 0.0)
         yield LogPane(SUPERVISOR_LOG, state.logs[SUPERVISOR_LOG], max_lines=500)
-        yield Footer()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.query_one(LogPane).border_title = "events"
+        self._charts = list(self.query(MetricChart))
+        self._next_chart = 0
         self.redraw()
+        self.flush_events()
+        for chart in self._charts:
+            self._redraw_chart(chart)
         self.set_interval(REDRAW_PERIOD, self.redraw)
-        self.set_interval(LOG_FLUSH_PERIOD, self.query_one(LogPane).flush)
+        self.set_interval(REDRAW_PERIOD / len(self._charts), self.redraw_next_chart)
+        self.set_interval(LOG_FLUSH_PERIOD, self.flush_events)
+
+    def flush_events(self) -> None:
+        if self.is_active:
+            self.query_one(LogPane).flush()
 
     def redraw(self) -> None:
-        """Draw the latest snapshot: header, table, changed charts, alert highlights."""
-        if not self.is_current:
+        """Draw the latest snapshot: header, table, alert highlights."""
+        if not self.is_active:
             return
         app = self.app
         state, now = app.state, app.clock()
         self.query_one(RunHeader).show(state, now, read_only=app.read_only)
         self.query_one(ProcessTable).show(list(state.processes.values()), now)
         alerted = {alert.chart for alert in app.check_alerts() if alert.chart}
-        for chart in self.query(MetricChart):
-            if chart.spec.x == "time":
-                chart.t0 = state.started_at or 0.0
-            chart.redraw(state.metrics)
+        for chart in self._charts:
             chart.set_class(chart.spec.id in alerted, "-alert")
-        self.query_one(LogPane).flush()
+
+    def redraw_next_chart(self) -> None:
+        """Redraw the next chart in turn (if its data changed)."""
+        if self.is_active:
+            self._redraw_chart(self._charts[self._next_chart])
+            self._next_chart = (self._next_chart + 1) % len(self._charts)
+
+    def _redraw_chart(self, chart: MetricChart) -> None:
+        state = self.app.state
+        if chart.spec.x == "time":
+            chart.t0 = state.started_at or 0.0
+        chart.redraw(state.metrics)
 
     @property
     def selected_process(self) -> str | None:

@@ -1,7 +1,10 @@
-"""The logs screen: a tab per process plus the supervisor's events.
+"""The logs screen: a tab per process plus the supervisor's events, over one log pane.
 
-Only the visible pane is flushed (every 80 ms), so hidden panes cost nothing while their
-process prints; a pane catches up from its bounded buffer when shown.
+The tabs choose which stream the one pane shows; each stream keeps its own follow / filter
+setting. One pane instead of a pane per tab keeps the screen to a few dozen widgets, which
+is what Textual restyles each time the screen is shown. The pane is flushed every 80 ms
+while the screen is on top, so hidden streams cost nothing while their process prints; a
+stream catches up from its bounded buffer when shown.
 """
 
 from __future__ import annotations
@@ -11,9 +14,10 @@ from typing import TYPE_CHECKING, ClassVar
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.screen import Screen
-from textual.widgets import Footer, Input, TabbedContent, TabPane
+from textual.widgets import Input, Tab, Tabs
 
 from grpo_tui.run_state import SUPERVISOR_LOG
+from grpo_tui.widgets.key_bar import KeyBar
 from grpo_tui.widgets.log_pane import LogPane, dom_id
 from grpo_tui.widgets.run_header import RunHeader
 
@@ -25,7 +29,7 @@ NEW_STREAMS_PERIOD = 0.5
 
 
 class LogsScreen(Screen[None]):
-    """Per-process log panes with follow / pause, a filter and full screen."""
+    """Per-process logs with follow / pause, a filter and full screen."""
 
     app: GrpoTuiApp
 
@@ -38,51 +42,61 @@ class LogsScreen(Screen[None]):
         Binding("escape", "escape", "Back", show=False, id="logs-escape"),
     ]
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._tab_streams: dict[str, str] = {}
+        """Tab id -> stream name, for every tab added so far."""
+
     def compose(self) -> ComposeResult:
+        streams = self._streams()
+        self._tab_streams = {dom_id("tab", name): name for name in streams}
         yield RunHeader(id="header")
-        with TabbedContent(id="log-tabs"):
-            for name in self._streams():
-                with TabPane(name, id=dom_id("tab", name)):
-                    yield LogPane(name, self.app.state.logs[name])
-        yield Footer()
+        yield Tabs(*(Tab(name, id=tab_id) for tab_id, name in self._tab_streams.items()))
+        first = streams[0]
+        yield LogPane(first, self.app.state.logs[first], id="logs-pane")
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.set_interval(LOG_FLUSH_PERIOD, self.flush)
         self.set_interval(NEW_STREAMS_PERIOD, self.add_new_streams)
-        self.flush()
 
     def _streams(self) -> list[str]:
         names = [name for name in self.app.state.logs if name != SUPERVISOR_LOG]
         return [*names, SUPERVISOR_LOG]
 
-    def add_new_streams(self) -> None:
-        """Add a tab for each process that appeared since the screen was built."""
-        tabs = self.query_one(TabbedContent)
-        for name in self._streams():
+    def add_new_streams(self) -> bool:
+        """Add a tab (before the supervisor's) for each process that appeared since.
+
+        Returns whether any was added (a new tab can be activated after the next refresh).
+        """
+        known = set(self._tab_streams.values())
+        new = [name for name in self._streams() if name not in known]
+        tabs = self.query_one(Tabs)
+        for name in new:
             tab_id = dom_id("tab", name)
-            if not self.query(f"#{tab_id}"):
-                pane = LogPane(name, self.app.state.logs[name])
-                tabs.add_pane(TabPane(name, pane, id=tab_id))
-        if self.is_current:
+            self._tab_streams[tab_id] = name
+            tabs.add_tab(Tab(name, id=tab_id), before=dom_id("tab", SUPERVISOR_LOG))
+        if self.is_active:
             app = self.app
             self.query_one(RunHeader).show(app.state, app.clock(), read_only=app.read_only)
+        return bool(new)
 
     def flush(self) -> None:
-        pane = self.active_pane
-        if pane is not None and self.is_current:
-            pane.flush()
+        if self.is_active:
+            self.pane.flush()
 
-    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        pane = self.active_pane
-        if pane is not None:
-            pane.reload()
+    def on_tabs_tab_activated(self, event: Tabs.TabActivated) -> None:
+        name = self._tab_streams[event.tab.id or ""]
+        self.pane.show(name, self.app.state.logs[name])
+
+    @property
+    def pane(self) -> LogPane:
+        return self.query_one(LogPane)
 
     @property
     def active_pane(self) -> LogPane | None:
-        tabs = self.query_one(TabbedContent)
-        if not tabs.active:
-            return None
-        return tabs.get_pane(tabs.active).query_one(LogPane)
+        """The pane, once mounted."""
+        return self.pane if self.is_mounted else None
 
     @property
     def selected_process(self) -> str | None:
@@ -92,42 +106,35 @@ class LogsScreen(Screen[None]):
         return pane.stream
 
     def show_stream(self, name: str) -> None:
-        """Bring ``name``'s pane to the front (once mounted, if it is not yet)."""
+        """Bring ``name``'s log to the front (once mounted, if it is not yet)."""
         if not self.is_mounted:
             self.app.call_after_refresh(self.show_stream, name)
             return
-        self.add_new_streams()
-        self.query_one(TabbedContent).active = dom_id("tab", name)
+        if self.add_new_streams():
+            self.app.call_after_refresh(self.show_stream, name)
+            return
+        self.query_one(Tabs).active = dom_id("tab", name)
 
     def action_toggle_follow(self) -> None:
-        if pane := self.active_pane:
-            pane.toggle_follow()
+        self.pane.toggle_follow()
 
     def action_filter(self) -> None:
-        if pane := self.active_pane:
-            pane.open_filter()
+        self.pane.open_filter()
 
     def action_full_screen(self) -> None:
         if self.maximized is not None:
             self.minimize()
-        elif pane := self.active_pane:
-            self.maximize(pane, container=False)
+        else:
+            self.maximize(self.pane, container=False)
 
     def action_next_tab(self) -> None:
-        self._step_tab(1)
+        self.query_one(Tabs).action_next_tab()
 
     def action_previous_tab(self) -> None:
-        self._step_tab(-1)
-
-    def _step_tab(self, delta: int) -> None:
-        tabs = self.query_one(TabbedContent)
-        ids = [pane.id for pane in tabs.query(TabPane) if pane.id]
-        if tabs.active in ids:
-            tabs.active = ids[(ids.index(tabs.active) + delta) % len(ids)]
+        self.query_one(Tabs).action_previous_tab()
 
     def action_escape(self) -> None:
-        focused = self.focused
-        if isinstance(focused, Input) and (pane := self.active_pane):
-            pane.close_filter()
+        if isinstance(self.focused, Input):
+            self.pane.close_filter()
         elif self.maximized is not None:
             self.minimize()

@@ -4,7 +4,8 @@ The pane never sees individual lines as they arrive: :meth:`LogPane.flush` (call
 ~80 ms by its screen) copies what is new since the last flush, and at most ``max_lines``
 of it, into Textual's ``Log`` widget, which keeps only ``max_lines`` lines itself. Paused,
 the view is frozen and the subtitle counts what is waiting; the filter keeps the lines that
-contain its text (case-insensitive).
+contain its text (case-insensitive). One pane can show several streams in turn
+(:meth:`LogPane.show`), each keeping its own follow / filter setting.
 """
 
 from __future__ import annotations
@@ -26,14 +27,17 @@ class LogPane(Vertical):
 
     ALLOW_MAXIMIZE = True
 
-    def __init__(self, name: str, buffer: LogBuffer, *, max_lines: int = 2000) -> None:
-        super().__init__(id=dom_id("log", name), classes="log-pane")
+    def __init__(
+        self, name: str, buffer: LogBuffer, *, max_lines: int = 2000, id: str | None = None
+    ) -> None:
+        super().__init__(id=id or dom_id("log", name), classes="log-pane")
         self.stream = name
         self.buffer = buffer
         self.max_lines = max_lines
         self.following = True
         self.needle = ""
         self._seen = 0
+        self._settings: dict[str, tuple[bool, str]] = {}
         self.border_title = name
 
     def compose(self) -> ComposeResult:
@@ -64,6 +68,18 @@ class LogPane(Vertical):
             lines = [line for line in lines if self.needle in line.lower()]
         log.write_lines(lines[-self.max_lines :])
         self.border_subtitle = f"filter: {self.needle}" if self.needle else ""
+
+    def show(self, name: str, buffer: LogBuffer) -> None:
+        """Show another stream here, with the follow / filter setting it had last time."""
+        if name == self.stream and buffer is self.buffer:
+            return
+        self._settings[self.stream] = (self.following, self.needle)
+        self.stream, self.buffer = name, buffer
+        self.following, self.needle = self._settings.get(name, (True, ""))
+        self.border_title = name
+        self.reload()
+        if not self.following:
+            self.border_subtitle = "paused"
 
     def start_from_now(self) -> None:
         """Empty the pane and show only lines that arrive from now on."""

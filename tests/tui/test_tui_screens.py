@@ -1,0 +1,117 @@
+"""Switching screens stays cheap and keeps what the user set: on the recorded run (pilot)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from tui_recorded_run import NOW, recorded_state
+
+from grpo_tui.app import GrpoTuiApp
+from grpo_tui.run_state import Point
+from grpo_tui.screens.dashboard import DashboardScreen
+from grpo_tui.screens.help import HelpScreen
+from grpo_tui.screens.logs import LogsScreen
+from grpo_tui.supervisor.events import MetricsRecord
+from grpo_tui.widgets.key_bar import KeyBar
+from grpo_tui.widgets.metric_chart import DASHBOARD_CHARTS, MetricChart, downsample
+
+SIZE = (160, 48)
+
+
+def recorded_app(keymap: Path = Path("/nonexistent/grpo-tui/keymap.toml")) -> GrpoTuiApp:
+    return GrpoTuiApp(recorded_state(), clock=lambda: NOW, keymap_path=keymap)
+
+
+def test_downsample_keeps_order_extremes_and_a_bound() -> None:
+    points: list[Point] = [(float(i), i, float(i % 3)) for i in range(2000)]
+    points[1234] = (1234.0, 1234, 50.0)  # one spike
+    shown = downsample(points, 80)
+    assert len(shown) <= 2 * 80 + 2
+    assert shown[0] == points[0] and shown[-1] == points[-1]
+    assert [p[1] for p in shown] == sorted(p[1] for p in shown)
+    assert (1234.0, 1234, 50.0) in shown
+    assert {p[2] for p in shown[1:-1]} == {0.0, 2.0, 50.0}  # the envelope, not an aliased 1.0
+    short = points[:100]
+    assert downsample(short, 80) == short
+
+
+async def test_dashboard_draws_nothing_under_another_screen() -> None:
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        dashboard = app.screen
+        assert isinstance(dashboard, DashboardScreen)
+        await pilot.press("question_mark")
+        assert isinstance(app.screen, HelpScreen)
+        loss = dashboard.query_one("#chart-loss", MetricChart)
+        before = loss.border_title
+        app.state.apply(MetricsRecord(t=NOW, process="trainer", step=41, data={"loss": 9.5}))
+        for _ in DASHBOARD_CHARTS:
+            dashboard.redraw_next_chart()
+        assert loss.border_title == before  # under the help: not redrawn
+        await pilot.press("escape")
+        assert app.screen is dashboard
+        for _ in DASHBOARD_CHARTS:
+            dashboard.redraw_next_chart()
+        assert loss.border_title == "loss 9.5"
+
+
+async def test_help_is_built_once() -> None:
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        first = app.screen
+        await pilot.press("escape", "question_mark")
+        assert app.screen is first is app.help_screen
+
+
+async def test_each_log_stream_keeps_its_follow_setting() -> None:
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("l")
+        logs = app.screen
+        assert isinstance(logs, LogsScreen)
+        logs.show_stream("trainer")
+        await pilot.pause()
+        pane = logs.pane
+        last = app.state.logs["trainer"].lines[-1]
+        assert pane.stream == "trainer" and pane.text[-1] == last
+        await pilot.press("f")
+        assert not pane.following
+        await pilot.press("right_square_bracket")
+        assert pane.stream == "env" and pane.following
+        assert pane.text == [f"env line {i}" for i in range(5)]
+        await pilot.press("left_square_bracket")
+        assert pane.stream == "trainer" and not pane.following
+        assert pane.border_subtitle == "paused"
+        await pilot.press("f")
+        assert pane.following and pane.text[-1] == last
+
+
+async def test_key_bar_shows_the_keymap_and_clicks_press_keys(tmp_path: Path) -> None:
+    keymap = tmp_path / "keymap.toml"
+    keymap.write_text('show-logs = "g"\n')
+    app = recorded_app(keymap)
+    async with app.run_test(size=SIZE) as pilot:
+        bar = app.screen.query_one(KeyBar)
+        text = bar.render().plain
+        assert " g Logs " in text and " l Logs " not in text
+        assert text.rstrip().endswith("^p palette")
+        await pilot.click(KeyBar, offset=(text.index(" g Logs ") + 1, 0))
+        assert isinstance(app.screen, LogsScreen)
+        assert " f Follow/pause " in app.screen.query_one(KeyBar).render().plain
+
+
+def test_quick_escape_reaches_textual_unless_the_user_set_one() -> None:
+    code = (
+        "from grpo_tui.terminal import prefer_quick_escape; prefer_quick_escape(); "
+        "import textual.constants as c; print(c.ESCAPE_DELAY)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "ESCDELAY"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.stdout.strip() == "0.025"
+    env["ESCDELAY"] = "200"
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert run.stdout.strip() == "0.2"
