@@ -72,7 +72,9 @@ class TrainerConfig(BaseModel):
     beta: float = Field(0.0, ge=0, description="KL-to-reference coefficient")
     tis_cap: float | None = Field(None, description="truncated importance-sampling cap")
     entropy_coef: float = Field(0.0, ge=0)
-    logprob_chunk_size: int = Field(256, ge=1, description="tokens per log-softmax chunk")
+    logprob_chunk_size: int = Field(
+        256, ge=1, description="logits memory per vocabulary slice, in full-vocabulary rows"
+    )
     group_size: int | None = Field(None, ge=1, description="if known, checked against batch")
 
     # checkpoints
