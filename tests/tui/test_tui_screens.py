@@ -49,12 +49,12 @@ async def test_dashboard_draws_nothing_under_another_screen() -> None:
         before = loss.border_title
         app.state.apply(MetricsRecord(t=NOW, process="trainer", step=41, data={"loss": 9.5}))
         for _ in DASHBOARD_CHARTS:
-            dashboard.redraw_next_chart()
+            dashboard.redraw_next_charts()
         assert loss.border_title == before  # under the help: not redrawn
         await pilot.press("escape")
         assert app.screen is dashboard
         for _ in DASHBOARD_CHARTS:
-            dashboard.redraw_next_chart()
+            dashboard.redraw_next_charts()
         assert loss.border_title == "loss 9.5"
 
 
