@@ -20,10 +20,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from textual import work
 from textual.app import App
 from textual.binding import Binding, BindingType
+from textual.driver import Driver
+from textual.drivers.linux_driver import LinuxDriver
 from textual.worker import Worker
 
 from grpo_tui.alerts import Alert, evaluate
 from grpo_tui.commands import ActionsProvider
+from grpo_tui.driver import QuickEscapeDriver
 from grpo_tui.run_state import RunState
 from grpo_tui.screens.dashboard import DashboardScreen
 from grpo_tui.screens.help import HelpScreen
@@ -148,6 +151,11 @@ class GrpoTuiApp(App[int]):
     @property
     def read_only(self) -> bool:
         return self.supervisor is None
+
+    def get_driver_class(self) -> type[Driver]:
+        """Textual's driver for this terminal; on Linux / macOS, the one with a quick Esc."""
+        driver = super().get_driver_class()
+        return QuickEscapeDriver if driver is LinuxDriver else driver
 
     # -- life cycle -------------------------------------------------------------------
 
