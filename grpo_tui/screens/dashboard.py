@@ -1,11 +1,11 @@
 """The dashboard: header, process table, chart grid and the supervisor's event tail.
 
 Everything here is drawn from the app's :class:`RunState` on timers, never per event: the
-table and header at 2 Hz, the event tail at ~12 Hz, and the charts a row at a time, every
-1/6 s, so each is redrawn twice a second but no single frame redraws all nine (a frame
-that does blocks the keys pressed meanwhile). Nothing is drawn while another screen is
-on top: Textual keeps the screen under a pushed one "current", and drawing there would
-only leave charts to re-render on the key press that comes back.
+event tail at ~12 Hz, and every 1/6 s a row of charts in turn (the first row with the
+header and table), so everything is redrawn twice a second but no single frame redraws
+all nine charts (a frame that does blocks the keys pressed meanwhile). Nothing is drawn
+while another screen is on top: Textual keeps the screen under a pushed one "current",
+and drawing there would only leave charts to re-render on the key press that comes back.
 """
 
 from __future__ import annotations
@@ -56,9 +56,8 @@ class DashboardScreen(Screen[None]):
         self.flush_events()
         for chart in self._charts:
             self._redraw_chart(chart)
-        self.set_interval(REDRAW_PERIOD, self.redraw)
-        ticks = len(self._charts) / CHARTS_PER_TICK
-        self.set_interval(REDRAW_PERIOD / ticks, self.redraw_next_charts)
+        rows = len(self._charts) / CHARTS_PER_TICK
+        self.set_interval(REDRAW_PERIOD / rows, self.redraw_next_charts)
         self.set_interval(LOG_FLUSH_PERIOD, self.flush_events)
 
     def flush_events(self) -> None:
@@ -78,8 +77,13 @@ class DashboardScreen(Screen[None]):
             chart.set_class(chart.spec.id in alerted, "-alert")
 
     def redraw_next_charts(self) -> None:
-        """Redraw the next :data:`CHARTS_PER_TICK` charts in turn (those whose data changed)."""
+        """Redraw the next :data:`CHARTS_PER_TICK` charts in turn (those whose data changed).
+
+        With the first row comes the header, table and alerts: one frame for both, not two.
+        """
         if self.is_active:
+            if self._next_chart == 0:
+                self.redraw()
             for _ in range(CHARTS_PER_TICK):
                 self._redraw_chart(self._charts[self._next_chart])
                 self._next_chart = (self._next_chart + 1) % len(self._charts)
