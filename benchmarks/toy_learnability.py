@@ -3,12 +3,14 @@
 Proves the task is learnable before the whole stack is wired, and finds the tiny-model
 shape and hyper-parameters of the quickstart profile, for full fine-tuning and for LoRA.
 Prints the mean reward every 10 steps and, at the end, a table of settings side by side:
-start reward, steps and seconds to reach the target mean reward, reward of the last steps.
+start reward, steps and seconds to reach the target mean reward, reward of the last steps,
+and the share of groups whose scores are all equal (the environment drops those, so a high
+share means the real stack generates many groups per step).
 
-    python benchmarks/toy_learnability.py               # the default grid (full fine-tuning)
-    python benchmarks/toy_learnability.py --lr 3e-3 --group-size 8 --prompts 16
-    python benchmarks/toy_learnability.py --init 0.1 --hidden 64 128 --lora \\
-        --lora-targets q_proj v_proj o_proj --lora-r 16 --lora-alpha 32 --lr 1e-2
+    python benchmarks/toy_learnability.py --seeds 0 1 2 3        # the quickstart recipe, full
+    python benchmarks/toy_learnability.py --seeds 0 1 2 3 --lora --lora-targets q_proj \\
+        k_proj v_proj o_proj --lora-alpha 128                   # ... and its LoRA modes
+    python benchmarks/toy_learnability.py --final-norm-weight 1 --beta 0 --lr 3e-3 1e-2
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from grpo_trainer.models import build_tiny_model, load_model, load_tokenizer
 
 LAST = 5
 """Steps averaged for start, end and target rewards (one step's samples are noisy)."""
+EQUAL_WINDOW = 10
+"""Last steps over which the share of all-equal groups is measured."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,9 @@ class Setting:
     temperature: float
     init: float
     hidden: int
+    final_norm: float
+    beta: float
+    seed: int
     lora: bool
     lora_targets: tuple[str, ...]
     lora_r: int
@@ -65,6 +72,7 @@ class Outcome:
     steps_to_target: int | None
     seconds_to_target: float | None
     end_reward: float
+    equal_groups: float
     steps: int
 
 
@@ -88,10 +96,22 @@ def policy(setting: Setting, path: str, seed: int) -> nn.Module:
     return get_peft_model(model, config)
 
 
-def run(
-    setting: Setting, *, steps: int, target: float, seed: int, stop: bool, verbose: bool
-) -> Outcome:
+def reference_logprobs(
+    model: nn.Module, reference: nn.Module | None, ids: torch.Tensor, start: int, temp: float
+) -> torch.Tensor:
+    """Logits of the frozen start policy: ``reference`` (full) or the adapter disabled (LoRA)."""
+    with torch.no_grad():
+        if reference is None:
+            with model.disable_adapter():
+                logits = model(input_ids=ids).logits
+        else:
+            logits = reference(input_ids=ids).logits
+    return torch.log_softmax(logits[:, start - 1 : -1] / temp, -1)
+
+
+def run(setting: Setting, *, steps: int, target: float, stop: bool, verbose: bool) -> Outcome:
     """Train a fresh tiny model on the toy task and report when mean reward reaches target."""
+    seed = setting.seed
     torch.manual_seed(seed)
     rng = random.Random(seed)
     task = RepeatDigit(seed=seed)
@@ -102,13 +122,18 @@ def run(
             hidden_size=setting.hidden,
             intermediate_size=2 * setting.hidden,
             initializer_range=setting.init,
+            final_norm_weight=setting.final_norm,
         )
         tokenizer = load_tokenizer(tmp)
         model = policy(setting, tmp, seed)
+        reference = None
+        if setting.beta > 0 and not setting.lora:
+            reference = load_model(tmp).requires_grad_(False).eval()
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=setting.lr)
     start = time.perf_counter()
     rewards: list[float] = []
+    equal: list[float] = []
     reached: tuple[int, float] | None = None
     for step in range(1, steps + 1):
         prompts = [task.sample(rng) for _ in range(setting.prompts)]
@@ -131,6 +156,7 @@ def run(
             [task.score(prompts[i // setting.group_size], t) for i, t in enumerate(texts)]
         ).view(setting.prompts, setting.group_size)
         rewards.append(scores.mean().item())
+        equal.append((scores.std(1) == 0).float().mean().item())
         if reached is None and sum(rewards[-LAST:]) / len(rewards[-LAST:]) >= target:
             reached = (step, time.perf_counter() - start)
         advantages = (
@@ -139,9 +165,13 @@ def run(
         model.train()
         logits = model(input_ids=out).logits[:, ids.shape[1] - 1 : -1] / setting.temperature
         logp = torch.log_softmax(logits, -1).gather(-1, completions.unsqueeze(-1)).squeeze(-1)
+        token_loss = -advantages[:, None] * logp
+        if setting.beta > 0:
+            ref = reference_logprobs(model, reference, out, ids.shape[1], setting.temperature)
+            delta = ref.gather(-1, completions.unsqueeze(-1)).squeeze(-1) - logp
+            token_loss = token_loss + setting.beta * (torch.expm1(delta) - delta)  # k3 KL
         mask = (completions != tokenizer.pad_token_id).float()
-        seq_logp = (logp * mask).sum(1) / mask.sum(1).clamp(min=1)
-        loss = -(advantages * seq_logp).mean()
+        loss = ((token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -157,20 +187,25 @@ def run(
         reached[0] if reached else None,
         reached[1] if reached else None,
         sum(rewards[-LAST:]) / len(rewards[-LAST:]),
+        sum(equal[-EQUAL_WINDOW:]) / len(equal[-EQUAL_WINDOW:]),
         len(rewards),
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lr", type=float, nargs="*", default=[3e-3, 1e-2])
+    parser.add_argument("--lr", type=float, nargs="*", default=[1e-3])
     parser.add_argument("--group-size", type=int, nargs="*", default=[8])
-    parser.add_argument("--prompts", type=int, nargs="*", default=[4, 16])
+    parser.add_argument("--prompts", type=int, nargs="*", default=[16])
     parser.add_argument("--temperature", type=float, nargs="*", default=[1.0])
     parser.add_argument("--init", type=float, nargs="*", default=[0.02],
                         help="tiny-model initializer_range")  # fmt: skip
     parser.add_argument("--hidden", type=int, nargs="*", default=[64],
                         help="tiny-model hidden size (MLP: twice that)")  # fmt: skip
+    parser.add_argument("--final-norm-weight", type=float, nargs="*", default=[6.0],
+                        help="tiny-model final RMSNorm weight")  # fmt: skip
+    parser.add_argument("--beta", type=float, nargs="*", default=[0.04],
+                        help="KL-to-start coefficient (k3, as the trainer's beta)")  # fmt: skip
     parser.add_argument("--lora", action="store_true", help="train a LoRA adapter, not all")
     parser.add_argument("--lora-targets", nargs="+", default=["q_proj", "v_proj"],
                         help="module names, or all-linear")  # fmt: skip
@@ -181,35 +216,38 @@ def main() -> None:
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--stop-at-target", action="store_true",
                         help="stop once the target is reached")  # fmt: skip
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="*", default=[0])
     parser.add_argument("--threads", type=int, default=2, help="torch CPU threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     grid = itertools.product(
         args.lr, args.group_size, args.prompts, args.temperature, args.init, args.hidden,
+        args.final_norm_weight, args.beta, args.seeds,
         args.lora_r if args.lora else [0], args.lora_alpha if args.lora else [0],
     )  # fmt: skip
     outcomes = []
-    for lr, group_size, prompts, temperature, init, hidden, r, alpha in grid:
-        setting = Setting(lr, group_size, prompts, temperature, init, hidden, args.lora,
+    for lr, group, prompts, temp, init, hidden, norm, beta, seed, r, alpha in grid:
+        setting = Setting(lr, group, prompts, temp, init, hidden, norm, beta, seed, args.lora,
                           tuple(args.lora_targets), r, alpha, args.rslora)  # fmt: skip
         print(f"{setting}", flush=True)
         outcomes.append(
-            run(setting, steps=args.steps, target=args.target, seed=args.seed,
-                stop=args.stop_at_target, verbose=True)
+            run(setting, steps=args.steps, target=args.target, stop=args.stop_at_target,
+                verbose=True)
         )  # fmt: skip
     print(f"\nmean reward >= {args.target}: steps and seconds (in-process, no HTTP); "
-          f"start/end = mean of the first/last {LAST} steps")  # fmt: skip
-    print(f"{'trained':<28} {'init':>5} {'hid':>4} {'lr':>6} {'group':>5} "
-          f"{'prompts':>7} {'temp':>4} {'start':>6} {'steps':>6} {'seconds':>8} {'end':>6} "
-          f"{'ran':>4}")  # fmt: skip
+          f"start/end = mean of the first/last {LAST} steps; equal = share of all-equal "
+          f"groups over the last {EQUAL_WINDOW} steps")  # fmt: skip
+    print(f"{'trained':<28} {'init':>5} {'hid':>4} {'norm':>4} {'beta':>5} {'lr':>6} "
+          f"{'group':>5} {'prompts':>7} {'temp':>4} {'seed':>4} {'start':>6} {'steps':>6} "
+          f"{'seconds':>8} {'end':>6} {'equal':>5} {'ran':>4}")  # fmt: skip
     for o in outcomes:
         s = o.setting
         steps = "-" if o.steps_to_target is None else str(o.steps_to_target)
         secs = "-" if o.seconds_to_target is None else f"{o.seconds_to_target:.1f}"
-        print(f"{s.label():<28} {s.init:>5} {s.hidden:>4} {s.lr:>6.0e} "
-              f"{s.group_size:>5} {s.prompts:>7} {s.temperature:>4.1f} {o.start_reward:>6.3f} "
-              f"{steps:>6} {secs:>8} {o.end_reward:>6.3f} {o.steps:>4}")  # fmt: skip
+        print(f"{s.label():<28} {s.init:>5} {s.hidden:>4} {s.final_norm:>4g} {s.beta:>5g} "
+              f"{s.lr:>6.0e} {s.group_size:>5} {s.prompts:>7} {s.temperature:>4.1f} "
+              f"{s.seed:>4} {o.start_reward:>6.3f} {steps:>6} {secs:>8} {o.end_reward:>6.3f} "
+              f"{o.equal_groups:>5.2f} {o.steps:>4}")  # fmt: skip
 
 
 if __name__ == "__main__":

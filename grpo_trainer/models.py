@@ -102,11 +102,16 @@ def build_tiny_model(
     intermediate_size: int = 128,
     max_position_embeddings: int = 512,
     initializer_range: float = 0.02,
+    final_norm_weight: float = 6.0,
 ) -> Path:
     """Write a randomly initialised Qwen2 model and its tokenizer to ``path``.
 
     Deterministic for a given seed and shape; loadable by ``AutoModelForCausalLM``,
-    ``AutoTokenizer`` and vLLM.
+    ``AutoTokenizer`` and vLLM. ``final_norm_weight`` is the initial weight of the last
+    RMSNorm (Qwen2's own init: 1). The tied head's logits are bounded by about
+    ``final_norm_weight * hidden_size * initializer_range``: 1.3 at weight 1, too flat for
+    a policy that trains neither the norm nor the embeddings (LoRA on the linear layers) to
+    ever become peaked; 7.7 at weight 6 (docs/environments.md, full FT vs LoRA).
     """
     path = Path(path)
     tokenizer = build_tiny_tokenizer(alphabet)
@@ -128,6 +133,8 @@ def build_tiny_model(
     )
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(config)
+    with torch.no_grad():
+        model.model.norm.weight.fill_(final_norm_weight)
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     path.mkdir(parents=True, exist_ok=True)
@@ -184,6 +191,7 @@ def main(argv: list[str] | None = None) -> None:
     build.add_argument("--num-heads", type=int, default=4)
     build.add_argument("--num-kv-heads", type=int, default=2)
     build.add_argument("--intermediate-size", type=int, default=128)
+    build.add_argument("--final-norm-weight", type=float, default=6.0)
     args = parser.parse_args(argv)
     out = build_tiny_model(
         args.out,
@@ -193,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
         num_heads=args.num_heads,
         num_kv_heads=args.num_kv_heads,
         intermediate_size=args.intermediate_size,
+        final_norm_weight=args.final_norm_weight,
     )
     print(f"tiny model written to {out}", flush=True)
 

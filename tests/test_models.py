@@ -44,3 +44,14 @@ def test_same_seed_same_weights_other_seed_differs(tmp_path: Path) -> None:
     assert any(
         not torch.equal(pa, pc) for pa, pc in zip(a.parameters(), c.parameters(), strict=True)
     )
+
+
+def test_final_norm_weight_scales_the_logits_and_nothing_else(tmp_path: Path) -> None:
+    """The weight multiplies the last hidden state, so every logit (the tied head's bound
+    included) scales with it, and it survives the save/load round trip."""
+    qwen_init = load_model(build_tiny_model(tmp_path / "one", seed=4, final_norm_weight=1.0))
+    default = load_model(build_tiny_model(tmp_path / "six", seed=4))
+    assert torch.equal(default.model.norm.weight, torch.full((64,), 6.0))
+    ids = torch.tensor([load_tokenizer(tmp_path / "six")("repeat 7: 777").input_ids])
+    with torch.no_grad():
+        torch.testing.assert_close(default(ids).logits, 6.0 * qwen_init(ids).logits)
