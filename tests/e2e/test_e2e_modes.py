@@ -25,12 +25,11 @@ from e2e_stack import (
 )
 from e2e_stack import quickstart_copy as make_profile
 
-STEPS = {"shared_vllm": 40, "lora_only": 30, "none": 60, "lora_restart": 30}
-"""Trainer steps per mode, long enough that the expected rise is several times MARGIN plus
-the noise. Measured on the full quickstart (5-step means from 0.036): ``shared_vllm``
-+0.044 at step 30, +0.067 at step 40; ``none`` serves weights up to RESTART_SYNC_EVERY - 1
-steps old, which slows the rise: +0.031 at step 40 (a CI run once ended at +0.025),
-+0.084 at step 60."""
+STEPS = {"shared_vllm": 30, "lora_only": 30, "none": 30, "lora_restart": 30}
+"""Trainer steps per mode. Measured on the full quickstart (5-step means; one run each):
+from 0.05-0.08 at step 5 to 0.55 (shared_vllm), 0.52 (lora_only), 0.18 (none) and 0.23
+(lora_restart) at step 30; the restart modes serve weights up to RESTART_SYNC_EVERY - 1
+steps old, which slows their rise."""
 WINDOW = 5
 """Steps averaged at each end of the reward curve."""
 
@@ -38,12 +37,7 @@ RESTART_SYNC_EVERY = 4
 MARGIN = 0.03
 """Least rise of the mean reward, last WINDOW steps over the first WINDOW. A 5-step mean of
 128 samples a step moves by about 0.01 between runs; STEPS leaves the expected rise at
-least 0.035 above this margin."""
-
-LORA_STALLS = (
-    "LoRA on the tiny model does not learn the toy task in a short run with the quickstart "
-    "recipe (docs/environments.md, full vs LoRA table: ~flat for 150+ steps at init 0.02)"
-)
+least 0.1 above this margin."""
 
 PROCESSES = ("model", "api", "inference", "trainer", "env")
 
@@ -103,8 +97,4 @@ def test_quickstart_mode_learns_and_leaves_nothing(
     if mode.startswith("lora"):
         assert f"adapter_step_{STEPS[mode]}" in saved
 
-    # Last, so that a LoRA run failing anything else above fails the test.
-    rose = last > first + MARGIN
-    if mode.startswith("lora") and not rose:
-        pytest.xfail(f"{LORA_STALLS}: {first:.3f} -> {last:.3f}")
-    assert rose, f"no clear rise in {mode}: {first:.3f} -> {last:.3f}"
+    assert last > first + MARGIN, f"no clear rise in {mode}: {first:.3f} -> {last:.3f}"
