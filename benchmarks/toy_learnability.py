@@ -10,7 +10,7 @@ share means the real stack generates many groups per step).
     python benchmarks/toy_learnability.py --seeds 0 1 2 3        # the quickstart recipe, full
     python benchmarks/toy_learnability.py --seeds 0 1 2 3 --lora --lora-targets q_proj \\
         k_proj v_proj o_proj --lora-alpha 128                   # ... and its LoRA modes
-    python benchmarks/toy_learnability.py --final-norm-weight 1 --beta 0 --lr 3e-3 1e-2
+    python benchmarks/toy_learnability.py --final-norm-weight 1 --beta 0 --warmup 0 --lr 3e-3
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from torch import nn
 
 from grpo_trainer.envs.toy import RepeatDigit
 from grpo_trainer.models import build_tiny_model, load_model, load_tokenizer
+from grpo_trainer.train.optim import lr_factor
 
 LAST = 5
 """Steps averaged for start, end and target rewards (one step's samples are noisy)."""
@@ -46,6 +47,7 @@ class Setting:
     hidden: int
     final_norm: float
     beta: float
+    warmup: int
     seed: int
     lora: bool
     lora_targets: tuple[str, ...]
@@ -172,6 +174,11 @@ def run(setting: Setting, *, steps: int, target: float, stop: bool, verbose: boo
             token_loss = token_loss + setting.beta * (torch.expm1(delta) - delta)  # k3 KL
         mask = (completions != tokenizer.pad_token_id).float()
         loss = ((token_loss * mask).sum(1) / mask.sum(1).clamp(min=1)).mean()
+        for group in optimizer.param_groups:
+            group["lr"] = setting.lr * lr_factor(
+                step - 1, warmup_steps=setting.warmup, total_steps=steps, schedule="constant",
+                floor=0.0,
+            )  # fmt: skip
         optimizer.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -206,6 +213,8 @@ def main() -> None:
                         help="tiny-model final RMSNorm weight")  # fmt: skip
     parser.add_argument("--beta", type=float, nargs="*", default=[0.04],
                         help="KL-to-start coefficient (k3, as the trainer's beta)")  # fmt: skip
+    parser.add_argument("--warmup", type=int, nargs="*", default=[10],
+                        help="linear lr warm-up steps (the trainer's warmup_steps)")  # fmt: skip
     parser.add_argument("--lora", action="store_true", help="train a LoRA adapter, not all")
     parser.add_argument("--lora-targets", nargs="+", default=["q_proj", "v_proj"],
                         help="module names, or all-linear")  # fmt: skip
@@ -222,13 +231,13 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     grid = itertools.product(
         args.lr, args.group_size, args.prompts, args.temperature, args.init, args.hidden,
-        args.final_norm_weight, args.beta, args.seeds,
+        args.final_norm_weight, args.beta, args.warmup, args.seeds,
         args.lora_r if args.lora else [0], args.lora_alpha if args.lora else [0],
     )  # fmt: skip
     outcomes = []
-    for lr, group, prompts, temp, init, hidden, norm, beta, seed, r, alpha in grid:
-        setting = Setting(lr, group, prompts, temp, init, hidden, norm, beta, seed, args.lora,
-                          tuple(args.lora_targets), r, alpha, args.rslora)  # fmt: skip
+    for lr, group, prompts, temp, init, hidden, norm, beta, warmup, seed, r, alpha in grid:
+        setting = Setting(lr, group, prompts, temp, init, hidden, norm, beta, warmup, seed,
+                          args.lora, tuple(args.lora_targets), r, alpha, args.rslora)  # fmt: skip
         print(f"{setting}", flush=True)
         outcomes.append(
             run(setting, steps=args.steps, target=args.target, stop=args.stop_at_target,
@@ -237,7 +246,7 @@ def main() -> None:
     print(f"\nmean reward >= {args.target}: steps and seconds (in-process, no HTTP); "
           f"start/end = mean of the first/last {LAST} steps; equal = share of all-equal "
           f"groups over the last {EQUAL_WINDOW} steps")  # fmt: skip
-    print(f"{'trained':<28} {'init':>5} {'hid':>4} {'norm':>4} {'beta':>5} {'lr':>6} "
+    print(f"{'trained':<28} {'init':>5} {'hid':>4} {'norm':>4} {'beta':>5} {'wu':>3} {'lr':>6} "
           f"{'group':>5} {'prompts':>7} {'temp':>4} {'seed':>4} {'start':>6} {'steps':>6} "
           f"{'seconds':>8} {'end':>6} {'equal':>5} {'ran':>4}")  # fmt: skip
     for o in outcomes:
@@ -245,7 +254,7 @@ def main() -> None:
         steps = "-" if o.steps_to_target is None else str(o.steps_to_target)
         secs = "-" if o.seconds_to_target is None else f"{o.seconds_to_target:.1f}"
         print(f"{s.label():<28} {s.init:>5} {s.hidden:>4} {s.final_norm:>4g} {s.beta:>5g} "
-              f"{s.lr:>6.0e} {s.group_size:>5} {s.prompts:>7} {s.temperature:>4.1f} "
+              f"{s.warmup:>3} {s.lr:>6.0e} {s.group_size:>5} {s.prompts:>7} {s.temperature:>4.1f} "
               f"{s.seed:>4} {o.start_reward:>6.3f} {steps:>6} {secs:>8} {o.end_reward:>6.3f} "
               f"{o.equal_groups:>5.2f} {o.steps:>4}")  # fmt: skip
 

@@ -3,7 +3,7 @@
 environment as four processes. A shortened run must show a clear reward rise.
 
 Settings from ``benchmarks/toy_learnability.py`` (the quickstart's): group 8, 16 prompts per
-step, lr 1e-3, KL beta 0.04;
+step, lr 1e-3 after 10 warm-up steps, KL beta 0.04;
 the queue is held to one batch ahead (``--max-batches-offpolicy 1``) so the off-policy
 lag stays near one step, as in the in-process check."""
 
@@ -55,7 +55,8 @@ def test_toy_reward_rises_through_the_real_pipeline(spawn, tmp_path) -> None:
          "--atropos-url", api, "--inference-url", inference, "--served-model-name", "policy",
          "--weight-bridge-mode", "shared_vllm", "--save-path", str(tmp_path / "checkpoints"),
          "--training-steps", str(STEPS), "--batch-size", str(GROUP * PROMPTS_PER_STEP),
-         "--group-size", str(GROUP), "--lr", "1e-3", "--beta", "0.04", "--checkpoint-interval", "0",
+         "--group-size", str(GROUP), "--lr", "1e-3", "--warmup-steps", "10", "--beta", "0.04",
+         "--checkpoint-interval", "0",
          "--device", "cpu", "--metrics-file", str(metrics_file)],
     )  # fmt: skip
     env = spawn(
