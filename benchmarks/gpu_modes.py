@@ -163,12 +163,16 @@ def free_ports(count: int, first: int = PORT_BASE) -> list[int]:
 
 
 def build_model(path: Path, shape: dict[str, int]) -> tuple[Path, int]:
-    """Build the tiny-tokenizer Qwen2 model at ``path``; returns (path, parameter count)."""
+    """Build the tiny-tokenizer Qwen2 model at ``path``; returns (path, parameter count).
+
+    Final norm 1 (Qwen2's init), the shape behind benchmarks/results/gpu_modes.md and this
+    script's learning rates; the quickstart's final norm 6 needs its KL recipe instead.
+    """
     from safetensors import safe_open
 
     from grpo_trainer.models import build_tiny_model
 
-    build_tiny_model(path, seed=0, **shape)
+    build_tiny_model(path, seed=0, final_norm_weight=1.0, **shape)
     count = 0
     for file in path.glob("*.safetensors"):
         with safe_open(str(file), framework="pt") as weights:
