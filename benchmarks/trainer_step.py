@@ -26,24 +26,7 @@ import subprocess
 import sys
 import time
 
-SHAPES = {
-    "small": {
-        "hidden_size": 256,
-        "intermediate_size": 704,
-        "num_hidden_layers": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "vocab_size": 32000,
-    },
-    "qwen2.5-0.5b": {
-        "hidden_size": 896,
-        "intermediate_size": 4864,
-        "num_hidden_layers": 24,
-        "num_attention_heads": 14,
-        "num_key_value_heads": 2,
-        "vocab_size": 151936,
-    },
-}
+from model_shapes import SHAPES
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -60,11 +43,7 @@ def measure(args: argparse.Namespace) -> dict:
     from grpo_trainer.train.loss import LossSettings, policy_loss
 
     torch.manual_seed(0)
-    config = Qwen2Config(
-        **SHAPES[args.shape],
-        tie_word_embeddings=True,
-        max_position_embeddings=max(args.seq_len, 512),
-    )
+    config = Qwen2Config(**SHAPES[args.shape], max_position_embeddings=max(args.seq_len, 512))
     model = Qwen2ForCausalLM(config).to(device=args.device, dtype=DTYPES[args.dtype])
     model.train()
     b, length = args.batch, args.seq_len

@@ -1,0 +1,266 @@
+"""``shared_vllm`` NCCL weight sync across two GPUs vs a raw broadcast of the same bytes.
+
+For each Qwen2.5 shape (random init, bf16, real vocabulary): vLLM serves the shape on one
+GPU (``--load-format dummy``: no weight files to write or read), the trainer's model sits
+on another, and the trainer's real ``shared_vllm`` strategy (``VllmSharedSync``: pause,
+``/start_weight_update``, ``/update_weights`` while it broadcasts over NCCL, finish,
+resume) syncs ``--syncs`` times. Then, with vLLM stopped, two plain processes on the same
+two GPUs time ``torch.distributed.broadcast`` of the same bytes: one flat buffer (the
+link's limit) and the same per-parameter tensors one after another. One table, one call:
+
+    python benchmarks/nccl_sync.py --out $OUT --shapes qwen2.5-0.5b qwen2.5-1.5b qwen2.5-3b
+
+Needs vLLM (>= 0.22, native weight transfer) and two CUDA devices; NVLink multicast off
+(``NCCL_NVLS_ENABLE=0``) in the environment, as every process of ours on these machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from model_shapes import qwen2_config
+
+GB = 1e9
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def vllm_settings(args: argparse.Namespace, port: int) -> Any:
+    """The inference settings of the vLLM side: the real role-layer command builder's input."""
+    from grpo_trainer.serve.settings import InferenceSettings
+
+    return InferenceSettings(
+        backend="vllm",
+        port=port,
+        dtype="bfloat16",
+        enforce_eager=True,
+        max_model_len=512,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        cuda_visible_devices=str(args.vllm_gpu),
+        vllm_executable=[sys.executable, "-m", "vllm.entrypoints.cli.main"],
+        extra_args=["--load-format", "dummy", "--skip-tokenizer-init"],
+    )
+
+
+def measure_sync(shape: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """Start vLLM on ``shape``, attach the real strategy, time ``args.syncs`` syncs."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from grpo_trainer.serve.launch import ServerProcess
+    from grpo_trainer.serve.settings import inference_command
+    from grpo_trainer.sync.base import SyncContext
+    from grpo_trainer.sync.vllm_shared import VllmSharedSync
+
+    model_dir = work / shape
+    config = qwen2_config(shape)
+    config.save_pretrained(model_dir)
+    port = free_port()
+    settings = vllm_settings(args, port)
+    launch = inference_command(settings, mode="shared_vllm", model=str(model_dir))
+    server = ServerProcess(launch, f"http://127.0.0.1:{port}", work / f"{shape}-vllm.log")
+    result: dict[str, Any] = {"shape": shape}
+    started = server.start(timeout=args.start_timeout)
+    result["vllm_start_s"] = started
+    try:
+        device = torch.device(f"cuda:{args.trainer_gpu}")
+        torch.cuda.set_device(device)
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config).to(device=device, dtype=torch.bfloat16)
+        params = list(model.parameters())
+        result["params"] = sum(p.numel() for p in params)
+        result["bytes"] = sum(p.numel() * p.element_size() for p in params)
+        result["tensors"] = len(params)
+        context = SyncContext(
+            inference_url=server.base_url,
+            served_model_name=settings.served_model_name,
+            checkpoint_dir=work / "checkpoints",
+            backend="vllm",
+        )
+        strategy = VllmSharedSync(context)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        begin = time.perf_counter()
+        strategy.attach(model)  # joins the NCCL group and sends once
+        result["attach_s"] = time.perf_counter() - begin
+        if strategy.zero_copy:
+            raise RuntimeError("vLLM and the trainer share a GPU: this measures NCCL only")
+        times = []
+        for step in range(1, args.syncs + 1):
+            with torch.no_grad():
+                for p in params:
+                    p.add_(1e-3)  # new weights each time, as after an optimizer step
+            torch.cuda.synchronize(device)
+            times.append(strategy.sync(model, step).sync_time)
+        result["sync_s"] = times
+        result["sync_extra_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
+        result["served_after_sync"] = served_ok(server.base_url, settings.served_model_name)
+    finally:
+        server.stop(timeout=30)
+    return result
+
+
+def served_ok(base_url: str, model: str) -> bool:
+    """vLLM still generates after the syncs (token-id prompt, no tokenizer)."""
+    import httpx
+
+    response = httpx.post(
+        f"{base_url}/v1/completions",
+        json={"model": model, "prompt": [1, 2, 3, 4], "max_tokens": 4, "temperature": 0},
+        timeout=60,
+    )
+    return response.status_code == 200 and bool(response.json()["choices"])
+
+
+def _broadcast_rank(rank: int, shape: str, args: argparse.Namespace, port: int, box: Any) -> None:
+    """One of two ranks timing ``broadcast`` from rank 0 on the two GPUs."""
+    import torch
+    import torch.distributed as dist
+    from transformers import Qwen2ForCausalLM
+
+    gpu = args.trainer_gpu if rank == 0 else args.vllm_gpu
+    device = torch.device(f"cuda:{gpu}")
+    torch.cuda.set_device(device)
+    dist.init_process_group(
+        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, device_id=device
+    )
+    with torch.device("meta"):
+        shapes = [p.shape for p in Qwen2ForCausalLM(qwen2_config(shape)).parameters()]
+    tensors = [torch.empty(s, dtype=torch.bfloat16, device=device) for s in shapes]
+    flat = torch.empty(sum(t.numel() for t in tensors), dtype=torch.bfloat16, device=device)
+
+    def timed(fn: Any, repeats: int) -> list[float]:
+        fn()  # warm-up (NCCL communicator set-up on the first call)
+        out = []
+        for _ in range(repeats):
+            torch.cuda.synchronize(device)
+            dist.barrier()
+            begin = time.perf_counter()
+            fn()
+            torch.cuda.synchronize(device)
+            out.append(time.perf_counter() - begin)
+        return out
+
+    flat_s = timed(lambda: dist.broadcast(flat, src=0), args.syncs)
+    per_s = timed(lambda: [dist.broadcast(t, src=0) for t in tensors], args.syncs)
+    if rank == 0:
+        box.put({"flat_s": flat_s, "per_tensor_s": per_s})
+    dist.destroy_process_group()
+
+
+def measure_broadcast(shape: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Raw NCCL broadcast of the shape's bytes between the same two GPUs."""
+    import torch.multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    box = ctx.Queue()
+    port = free_port()
+    procs = [
+        ctx.Process(target=_broadcast_rank, args=(r, shape, args, port, box)) for r in range(2)
+    ]
+    for proc in procs:
+        proc.start()
+    result = box.get(timeout=300)
+    for proc in procs:
+        proc.join(60)
+    return result
+
+
+def table(rows: list[dict[str, Any]]) -> list[str]:
+    lines = [
+        "| shape | params | bytes | shared_vllm sync median (min-max) | raw broadcast, one "
+        "buffer | raw broadcast, per tensor | sync / raw | raw GB/s | sync GB/s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['shape']} | error: {row['error'][:200]} |||||||")
+            continue
+        sync = statistics.median(row["sync_s"])
+        flat = statistics.median(row["flat_s"])
+        per = statistics.median(row["per_tensor_s"])
+        lines.append(
+            f"| {row['shape']} | {row['params'] / 1e9:.2f} B | {row['bytes'] / GB:.2f} GB "
+            f"| {sync * 1e3:.0f} ms ({min(row['sync_s']) * 1e3:.0f}-"
+            f"{max(row['sync_s']) * 1e3:.0f}) | {flat * 1e3:.0f} ms | {per * 1e3:.0f} ms "
+            f"| {sync / flat:.2f}x | {row['bytes'] / flat / GB:.0f} | "
+            f"{row['bytes'] / sync / GB:.0f} |"
+        )
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/nccl_sync_work"))
+    parser.add_argument(
+        "--shapes", nargs="+", default=["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b"]
+    )
+    parser.add_argument("--syncs", type=int, default=5)
+    parser.add_argument("--trainer-gpu", type=int, default=0)
+    parser.add_argument("--vllm-gpu", type=int, default=1)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    parser.add_argument("--start-timeout", type=float, default=240)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
+    for var in ("NCCL_NVLS_ENABLE",):
+        if os.environ.get(var) != "0":
+            print(f"nccl_sync: warning: {var} is not 0 in this environment", flush=True)
+    rows = []
+    for shape in args.shapes:
+        row: dict[str, Any] = {"shape": shape}
+        try:
+            row = measure_sync(shape, args.work, args)
+            print(f"nccl_sync: {shape} sync {row['sync_s']}", flush=True)
+            row |= measure_broadcast(shape, args)
+            print(f"nccl_sync: {shape} raw {row['flat_s']} / {row['per_tensor_s']}", flush=True)
+        except Exception as error:  # one shape failing still reports the others
+            row["error"] = f"{type(error).__name__}: {error}"
+            print(f"nccl_sync: {shape} failed: {row['error']}", flush=True)
+        rows.append(row)
+    import torch
+
+    facts = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    }
+    try:
+        import vllm
+
+        facts["vllm"] = vllm.__version__
+    except ImportError:
+        facts["vllm"] = "missing"
+    text = "\n".join(
+        [
+            "# shared_vllm NCCL sync vs raw broadcast (trainer GPU "
+            f"{args.trainer_gpu}, vLLM GPU {args.vllm_gpu})",
+            "",
+            ", ".join(f"{k} {v}" for k, v in facts.items()),
+            f"{args.syncs} syncs per shape after the first (attach); bf16; random init.",
+            "",
+            *table(rows),
+            "",
+        ]
+    )
+    (args.out / "nccl_sync.md").write_text(text)
+    (args.out / "nccl_sync.json").write_text(json.dumps({"facts": facts, "rows": rows}, indent=1))
+    print(text, flush=True)
+    return 0 if all("error" not in row for row in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
