@@ -15,23 +15,7 @@ exec > >(tee "$OUT/gpu_device.log") 2>&1
 TOTAL=${GPU_MODES_TOTAL:-530}   # seconds for this whole script (the call's limit is 600)
 WORK=/tmp/gpu_modes_work
 
-if ! ls /root/vv/part-* >/dev/null 2>&1; then
-  echo "gpu_device: /root/vv/part-* missing: carry the vLLM parts first (docs/gpu.md); nothing run"
-  exit 3
-fi
-echo "gpu_device: $(date -u +%FT%TZ) unpacking $(ls /root/vv/part-* | wc -l) parts"
-cat /root/vv/part-* | tar xf - -C /root || exit 3
-python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
-  /root/bundle/*.whl .whl/*.whl || exit 3
-export PYTHONPATH=$PWD:/tmp/site
-echo "gpu_device: installed in ${SECONDS}s"
-
-# No network there: never let a library try to reach a hub or send usage stats.
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-nvidia-smi --query-gpu=name,memory.total,memory.used,driver_version --format=csv
-python3 -c "import importlib.metadata as m; print({d: m.version(d) for d in
-  ('torch', 'transformers', 'vllm', 'fastapi', 'uvicorn', 'pydantic', 'tomli_w', 'peft')})"
+source benchmarks/gpu_setup.sh
 
 rm -rf "$WORK"   # ours: a re-run on a warm machine starts clean
 budget=$((TOTAL - SECONDS - 40))

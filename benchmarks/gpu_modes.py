@@ -202,6 +202,10 @@ def profile_for(
         "max_lora_rank": 16,
     }
     if cell.backend == "vllm":
+        if args.layout == "split":  # trainer on GPU 0, vLLM alone on GPU 1
+            inference["cuda_visible_devices"] = "1"
+            if cell.mode == "shared_vllm":
+                inference["weight_transfer"] = "nccl"
         inference |= {
             "enforce_eager": True,
             "gpu_memory_utilization": args.gpu_memory_utilization,
@@ -754,6 +758,13 @@ def markdown(
         f"{info['transformers']}, vLLM {info['vllm']}, peft {info['peft']}",
         f"- model: random Qwen2 {shape} ({params / 1e6:.1f} M parameters, "
         f"{weight_bytes / MIB:.1f} MiB per copy in {args.dtype}), 44-token char tokenizer",
+        "- layout: "
+        + (
+            "**split**: the trainer on cuda:0, vLLM alone on GPU 1 (`shared_vllm` syncs by "
+            "vLLM's NCCL weight transfer)"
+            if args.layout == "split"
+            else "every process on GPU 0 (`shared_vllm` zero-copy through CUDA IPC)"
+        ),
         f"- run: `grpo-tui run` headless per cell, toy task, {args.prompts} prompts x group "
         f"{args.group_size} per step; sync every step (lora_only, shared_vllm) or every "
         f"{args.restart_sync_every} steps (none, lora_restart); AdamW, lr per cell below "
@@ -907,6 +918,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--backends", nargs="+", default=["vllm", "builtin"])
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--device", default="cuda")
+    parser.add_argument(
+        "--layout",
+        choices=["same", "split"],
+        default="same",
+        help="same: every process on GPU 0; split: the trainer on cuda:0 and vLLM alone on "
+        "GPU 1 (shared_vllm over NCCL); vLLM cells only",
+    )
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--quick", action="store_true", help="tiny model, few steps (CPU check)")
     parser.add_argument("--steps", type=int, default=None, help="steps, sync-every-step modes")
@@ -938,6 +956,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.restart_sync_every = args.restart_sync_every or (4 if quick else 10)
     if quick:
         args.dtype = "float32" if args.device == "cpu" else args.dtype
+    if args.layout == "split":
+        args.backends = ["vllm"]
+        args.device = "cuda:0"
     return args
 
 
