@@ -9,6 +9,7 @@ redraw per event: the dashboard calls :meth:`MetricChart.redraw` on a timer.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -18,7 +19,7 @@ import numpy as np
 from textual.app import ComposeResult, RenderResult
 from textual.containers import Vertical
 from textual_hires_canvas import Canvas
-from textual_plot import HiResMode, PlotWidget
+from textual_plot import HiResMode, NumericAxisFormatter, PlotWidget
 
 from grpo_tui.run_state import Point, SeriesStore
 
@@ -33,9 +34,10 @@ class ChartSpec:
 
     ``names`` are exact metric names; ``prefixes`` add every metric starting with one of
     them (per-device GPU memory, eval pass@k), and ``fallback_prefixes`` are used only when
-    nothing else has data (process RSS when there is no GPU). ``lines`` are horizontal
-    reference lines (healthy-band edges); ``labels`` short names for the title; ``x`` is
-    ``"step"`` or ``"time"`` (seconds since start).
+    nothing else has data (process RSS when there is no GPU): the chart is then titled
+    ``fallback_title`` with ``fallback_unit``, so one chart never mixes units. ``lines`` are
+    horizontal reference lines (healthy-band edges); ``labels`` short names for the title;
+    ``x`` is ``"step"`` or ``"time"`` (seconds since start); ``unit`` follows each value.
     """
 
     id: str
@@ -47,6 +49,8 @@ class ChartSpec:
     labels: tuple[tuple[str, str], ...] = ()
     x: str = "step"
     unit: str = ""
+    fallback_title: str = ""
+    fallback_unit: str = ""
 
     def series_names(self, store: SeriesStore) -> list[str]:
         names = store.names()
@@ -56,6 +60,39 @@ class ChartSpec:
         if not chosen and self.fallback_prefixes:
             chosen = [n for n in names if n.startswith(self.fallback_prefixes)]
         return chosen
+
+    def is_fallback(self, names: Sequence[str]) -> bool:
+        """Whether ``names`` (from :meth:`series_names`) are the fallback series."""
+        return bool(names) and all(n.startswith(self.fallback_prefixes) for n in names)
+
+
+class StepAxisFormatter(NumericAxisFormatter):
+    """Ticks at whole numbers only, labelled as integers: training steps."""
+
+    def get_ticks(self, min_: float, max_: float, max_ticks: int = 8) -> list[float]:
+        ticks = super().get_ticks(min_, max_, max_ticks)
+        if len(ticks) < 2 or ticks[1] - ticks[0] >= 1:
+            return ticks
+        return [float(t) for t in range(math.ceil(min_), math.floor(max_) + 1)]
+
+    def get_labels_for_ticks(self, ticks: Sequence[float]) -> list[str]:
+        return [f"{tick:.0f}" for tick in ticks]
+
+
+class ValueAxisFormatter(NumericAxisFormatter):
+    """The library's labels without ``-0.000``: a tick that rounds to zero reads ``0``."""
+
+    def get_labels_for_ticks(self, ticks: Sequence[float]) -> list[str]:
+        labels = super().get_labels_for_ticks(ticks)
+        return [label.lstrip("-") if float(label) == 0 else label for label in labels]
+
+
+def padded_range(low: float, high: float, half: float) -> tuple[float, float]:
+    """``(low, high)``, or ``half`` either side of it where it is one value (one point, a
+    constant series), which the plot would otherwise stretch into a ±1e-6 axis."""
+    if high - low > 1e-9 * max(1.0, abs(low), abs(high)):
+        return low, high
+    return low - half, high + half
 
 
 def downsample(points: Sequence[Point], buckets: int) -> Sequence[Point]:
@@ -83,6 +120,7 @@ class Plot(PlotWidget, can_focus=False):
         self.margin_top = 0
         self.margin_bottom = 1
         self.margin_left = 7
+        self.set_y_formatter(ValueAxisFormatter())
 
     def render(self) -> RenderResult:
         """Draw with one refresh per canvas instead of one per braille cell set."""
@@ -111,6 +149,10 @@ class MetricChart(Vertical):
     def compose(self) -> ComposeResult:
         yield Plot(allow_pan_and_zoom=False)
 
+    def on_mount(self) -> None:
+        if self.spec.x == "step":
+            self.query_one(Plot).set_x_formatter(StepAxisFormatter())
+
     def redraw(self, store: SeriesStore) -> bool:
         """Draw the current data if it changed since the last call; True if it redrew."""
         names = self.spec.series_names(store)
@@ -123,11 +165,13 @@ class MetricChart(Vertical):
         plot.clear()
         self.border_title = self._title(data)
         xs_all: list[float] = []
+        ys_all: list[float] = []
         for index, points in enumerate(data.values()):
             shown = downsample(points, plot.dots_across)
             xs = [self._x(p) for p in shown]
             ys = [p[2] for p in shown]
             xs_all += xs
+            ys_all += ys
             style = PALETTE[index % len(PALETTE)]
             plot.plot(np.array(xs), np.array(ys), line_style=style, hires_mode=HiResMode.BRAILLE)
         if xs_all:
@@ -136,6 +180,10 @@ class MetricChart(Vertical):
                 plot.plot(
                     x_range, np.array([y, y]), line_style="green", hires_mode=HiResMode.BRAILLE
                 )
+            ys_all += self.spec.lines
+            plot.set_xlimits(*padded_range(min(xs_all), max(xs_all), 1.0))
+            low, high = min(ys_all), max(ys_all)
+            plot.set_ylimits(*padded_range(low, high, 0.1 * abs(high) or 1.0))
         return True
 
     def _x(self, point: Point) -> float:
@@ -145,19 +193,24 @@ class MetricChart(Vertical):
         return t - self.t0
 
     def _title(self, data: dict[str, list[Point]]) -> str:
-        labels = dict(self.spec.labels)
-        if len(data) == 1 and not labels:
+        spec = self.spec
+        labels = dict(spec.labels)
+        title, unit = spec.title, spec.unit
+        if spec.is_fallback(list(data)):
+            title, unit = spec.fallback_title, spec.fallback_unit
+        suffix = f" {unit}" if unit else ""
+        if len(data) == 1 and not labels and not (spec.prefixes or spec.fallback_prefixes):
             (points,) = data.values()
-            value = f"{points[-1][2]:.4g}{self.spec.unit}" if points else "[dim]no data[/]"
-            return f"{self.spec.title} {value}"
+            value = f"{points[-1][2]:.4g}{suffix}" if points else "[dim]no data[/]"
+            return f"{title} {value}"
         parts = []
         for index, (name, points) in enumerate(data.items()):
             if points:
                 short = labels.get(name) or name.rsplit("/", 1)[-1]
                 color = PALETTE[index % len(PALETTE)]
-                parts.append(f"[{color}]{short}[/] {points[-1][2]:.4g}{self.spec.unit}")
+                parts.append(f"[{color}]{short}[/] {points[-1][2]:.4g}{suffix}")
         values = "  ".join(parts) if parts else "[dim]no data[/]"
-        return f"{self.spec.title}: {values}"
+        return f"{title}: {values}"
 
 
 DASHBOARD_CHARTS: tuple[ChartSpec, ...] = (
@@ -181,10 +234,13 @@ DASHBOARD_CHARTS: tuple[ChartSpec, ...] = (
     ),
     ChartSpec(
         "memory",
-        "GPU GB / RSS MB",
+        "GPU memory",
         prefixes=("gpu_memory_gb/",),
         fallback_prefixes=("rss_mb/",),
         x="time",
+        unit="GB",
+        fallback_title="RSS",
+        fallback_unit="MB",
     ),
     ChartSpec("off_policy_lag", "off-policy lag", names=("off_policy_lag",)),
     ChartSpec("sync_time", "sync s", names=("sync_time",)),

@@ -1,0 +1,87 @@
+"""Charts label what they show: integer steps, a readable range for one point or a constant,
+and one unit per chart (pilot on a live RunState)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rich.text import Text
+from textual_hires_canvas import Canvas
+
+from grpo_tui.app import GrpoTuiApp
+from grpo_tui.run_state import RunState
+from grpo_tui.screens.dashboard import DashboardScreen
+from grpo_tui.supervisor.events import GpuSample, MetricsRecord, ResourceSample
+from grpo_tui.widgets.metric_chart import MetricChart, Plot
+
+T0 = 1_800_000_000.0
+SIZE = (160, 48)
+
+
+def margin_text(chart: MetricChart, canvas_id: str) -> str:
+    canvas = chart.query_one(Plot).query_one(f"#{canvas_id}", Canvas)
+    return "\n".join("".join(row) for row in canvas._buffer)
+
+
+async def draw(state: RunState) -> dict[str, tuple[str, str, str]]:
+    """Each chart's (title, x-axis labels, y-axis labels) once drawn."""
+    app = GrpoTuiApp(state, clock=lambda: T0 + 5, keymap_path=Path("/nonexistent/keymap"))
+    async with app.run_test(size=SIZE) as pilot:
+        dashboard = app.screen
+        assert isinstance(dashboard, DashboardScreen)
+        for chart in dashboard.query(MetricChart):
+            chart.redraw(state.metrics)
+        await pilot.pause()
+        return {
+            chart.spec.id: (
+                Text.from_markup(str(chart.border_title)).plain,
+                margin_text(chart, "margin-bottom"),
+                margin_text(chart, "margin-left"),
+            )
+            for chart in dashboard.query(MetricChart)
+        }
+
+
+async def test_one_point_and_a_constant_series_get_integer_steps_and_a_real_range() -> None:
+    state = RunState("charts", started_at=T0)
+    state.apply(MetricsRecord(t=T0 + 1, process="trainer", step=1, data={"loss": 0.0}))
+    for step in (1, 2, 3):
+        data = {"mean_ratio": 1.0, "clipped_fraction": 0.0}
+        state.apply(MetricsRecord(t=T0 + step, process="trainer", step=step, data=data))
+    charts = await draw(state)
+
+    title, x_axis, y_axis = charts["loss"]
+    assert title == "loss 0"
+    assert "0.99" not in x_axis and "1.00" not in x_axis
+    assert x_axis.split() == ["0", "1", "2"]
+    assert "-0.0" not in y_axis and "0.0000" not in y_axis
+    assert set(y_axis.split()) >= {"-1.0", "0.0", "1.0"}
+
+    _, x_axis, y_axis = charts["mean_ratio"]
+    assert x_axis.split() == ["1", "2", "3"]
+    ticks = [float(label) for label in y_axis.split()]
+    assert min(ticks) <= 0.8 and max(ticks) >= 1.1  # the band lines 0.8 / 1.2 set the range
+    _, x_axis, y_axis = charts["clipped_fraction"]
+    assert x_axis.split() == ["1", "2", "3"]
+    assert "-0.0" not in y_axis
+
+
+async def test_memory_chart_has_one_unit_gpu_memory_or_rss() -> None:
+    state = RunState("memory", started_at=T0)
+    state.apply(ResourceSample(t=T0 + 1, process="api", cpu_percent=1.0, rss_bytes=50 * 2**20))
+    charts = await draw(state)
+    assert charts["memory"][0] == "RSS: api 50 MB"
+
+    state.apply(
+        GpuSample(
+            t=T0 + 2,
+            index=0,
+            name="H100",
+            memory_used_bytes=12_500_000_000,
+            memory_total_bytes=80_000_000_000,
+            utilization_percent=50.0,
+        )
+    )
+    charts = await draw(state)
+    assert charts["memory"][0] == "GPU memory: 0 12.5 GB"
+    assert "MB" not in charts["memory"][0]
