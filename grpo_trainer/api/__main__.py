@@ -9,10 +9,8 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 
 import uvicorn
 from pydantic import ValidationError
@@ -21,6 +19,7 @@ from grpo_trainer.api.app import create_app
 from grpo_trainer.api.runner import StoreRunner
 from grpo_trainer.api.settings import MEMORY_DB, TOKEN_ENV, ApiSettings
 from grpo_trainer.api.store import Store
+from grpo_trainer.stop_signal import exit_zero_on_stop
 
 
 def parse_settings(argv: list[str] | None = None) -> ApiSettings:
@@ -54,19 +53,9 @@ def parse_settings(argv: list[str] | None = None) -> ApiSettings:
         raise SystemExit(2) from exc
 
 
-def _exit_zero(signum: int, frame: FrameType | None) -> None:
-    """A stop request ends the process with status 0.
-
-    uvicorn shuts down gracefully on SIGTERM/SIGINT, then re-raises the signal to the
-    handler that was there before it: this one, so the store closes and the exit is clean.
-    """
-    raise SystemExit(0)
-
-
 def main(argv: list[str] | None = None) -> None:
     settings = parse_settings(argv)
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, _exit_zero)
+    exit_zero_on_stop()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     db = str(settings.db)
     if db != MEMORY_DB:

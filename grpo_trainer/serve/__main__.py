@@ -23,6 +23,7 @@ from grpo_trainer.serve.app import ServerState, create_app
 from grpo_trainer.serve.engine import Engine
 from grpo_trainer.serve.lora import AdapterError, AdapterSet
 from grpo_trainer.serve.shared import SharedWeightsError, attach_server
+from grpo_trainer.stop_signal import exit_zero_on_stop
 
 
 def _lora_module(text: str) -> tuple[str, str]:
@@ -139,6 +140,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
 def main(argv: list[str] | None = None) -> None:
     """Parse arguments, load everything, then serve until SIGTERM / SIGINT."""
     args = build_parser().parse_args(argv)
+    exit_zero_on_stop()
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
     torch.manual_seed(args.seed)

@@ -41,7 +41,11 @@ def sample(url: str, **extra: object) -> list[list[int]]:
 def test_each_start_samples_anew_unless_the_request_has_a_seed(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    """Both starts run side by side (ports differ; the port does not touch sampling)."""
+    """Both starts run side by side (ports differ; the port does not touch sampling).
+
+    Each is then stopped on request (SIGTERM), which must read as a clean exit 0.
+    """
+    exit_codes: list[int | None] = []
 
     def first_requests(start: int) -> tuple[list[list[int]], list[list[int]]]:
         settings = InferenceSettings(port=free_port(), seed=7, max_model_len=64)
@@ -51,7 +55,7 @@ def test_each_start_samples_anew_unless_the_request_has_a_seed(
             server.start()
             return sample(server.base_url), sample(server.base_url, seed=11)
         finally:
-            server.stop()
+            exit_codes.append(server.stop())
 
     with ThreadPoolExecutor(2) as pool:
         runs = list(pool.map(first_requests, range(2)))
@@ -60,6 +64,7 @@ def test_each_start_samples_anew_unless_the_request_has_a_seed(
     assert seedless_a != seedless_b, "a restart replayed the previous start's samples"
     assert seeded_a == seeded_b, "a request's own seed must reproduce across starts"
     assert len(seedless_a) == SAMPLES and all(len(s) == TOKENS for s in seedless_a)
+    assert exit_codes == [0, 0], "a requested stop must end the server with exit 0"
 
 
 def test_a_cpu_server_runs_one_torch_thread_by_default(server: ServerProcess) -> None:
