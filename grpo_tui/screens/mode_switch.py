@@ -69,7 +69,9 @@ class ModeSwitchScreen(ModalScreen[str | None]):
                 id="mode-options",
             )
             yield Static(id="mode-plan")
-            yield LogPane(SUPERVISOR_LOG, self.app.state.logs[SUPERVISOR_LOG], max_lines=200)
+            yield LogPane(
+                SUPERVISOR_LOG, self.app.state.logs[SUPERVISOR_LOG], max_lines=200, wrap=True
+            )
             with Horizontal(classes="buttons"):
                 yield Button("Switch", id="mode-confirm", variant="warning", disabled=True)
                 yield Button("Cancel", id="mode-cancel")

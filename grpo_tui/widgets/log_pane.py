@@ -5,10 +5,14 @@ The pane never sees individual lines as they arrive: :meth:`LogPane.flush` (call
 of it, into Textual's ``Log`` widget, which keeps only ``max_lines`` lines itself. Paused,
 the view is frozen and the subtitle counts what is waiting; the filter keeps the lines that
 contain its text (case-insensitive). One pane can show several streams in turn
-(:meth:`LogPane.show`), each keeping its own follow / filter setting.
+(:meth:`LogPane.show`), each keeping its own follow / filter setting. A ``wrap`` pane (a
+narrow dialog's) folds long lines at its width instead of cutting them there.
 """
 
 from __future__ import annotations
+
+import textwrap
+from collections.abc import Sequence
 
 from textual.app import ComposeResult
 from textual.containers import Vertical
@@ -28,12 +32,19 @@ class LogPane(Vertical):
     ALLOW_MAXIMIZE = True
 
     def __init__(
-        self, name: str, buffer: LogBuffer, *, max_lines: int = 2000, id: str | None = None
+        self,
+        name: str,
+        buffer: LogBuffer,
+        *,
+        max_lines: int = 2000,
+        wrap: bool = False,
+        id: str | None = None,
     ) -> None:
         super().__init__(id=id or dom_id("log", name), classes="log-pane")
         self.stream = name
         self.buffer = buffer
         self.max_lines = max_lines
+        self.wrap = wrap
         self.following = True
         self.needle = ""
         self._seen = 0
@@ -55,8 +66,19 @@ class LogPane(Vertical):
             lines = [line for line in lines if self.needle in line.lower()]
         if not lines:
             return 0
-        self.query_one(Log).write_lines(lines[-self.max_lines :])
+        self.query_one(Log).write_lines(self._folded(lines[-self.max_lines :]))
         return len(lines)
+
+    def _folded(self, lines: Sequence[str]) -> Sequence[str]:
+        """``lines`` folded at the pane's width when it wraps (and has been laid out)."""
+        width = self.query_one(Log).scrollable_content_region.width
+        if not self.wrap or width < 20:
+            return lines
+        return [
+            part
+            for line in lines
+            for part in textwrap.wrap(line, width, subsequent_indent="  ") or [""]
+        ]
 
     def reload(self) -> None:
         """Redraw from the whole buffer (after a filter change or a resume)."""
@@ -66,7 +88,7 @@ class LogPane(Vertical):
         lines = list(self.buffer.lines)
         if self.needle:
             lines = [line for line in lines if self.needle in line.lower()]
-        log.write_lines(lines[-self.max_lines :])
+        log.write_lines(self._folded(lines[-self.max_lines :]))
         self.border_subtitle = f"filter: {self.needle}" if self.needle else ""
 
     def show(self, name: str, buffer: LogBuffer) -> None:

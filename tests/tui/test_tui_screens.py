@@ -7,15 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
+from textual.widgets import Log
 from tui_recorded_run import NOW, recorded_state
 
 from grpo_tui.app import GrpoTuiApp
-from grpo_tui.run_state import Point
+from grpo_tui.run_state import SUPERVISOR_LOG, Point
 from grpo_tui.screens.dashboard import DashboardScreen
 from grpo_tui.screens.help import HelpScreen
 from grpo_tui.screens.logs import LogsScreen
+from grpo_tui.screens.mode_switch import ModeSwitchScreen
 from grpo_tui.supervisor.events import MetricsRecord
 from grpo_tui.widgets.key_bar import KeyBar
+from grpo_tui.widgets.log_pane import LogPane
 from grpo_tui.widgets.metric_chart import DASHBOARD_CHARTS, MetricChart, downsample
 
 SIZE = (160, 48)
@@ -115,3 +118,21 @@ def test_quick_escape_reaches_textual_unless_the_user_set_one() -> None:
     env["ESCDELAY"] = "200"
     run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert run.stdout.strip() == "0.2"
+
+
+async def test_mode_switch_progress_folds_long_lines_at_the_dialog_width() -> None:
+    app = recorded_app()
+    async with app.run_test(size=SIZE) as pilot:
+        await app.push_screen(ModeSwitchScreen("none"))
+        await pilot.pause()
+        pane = app.screen.query_one(LogPane)
+        pane.display = True
+        pane.start_from_now()
+        await pilot.pause()
+        words = [f"word{i:02d}" for i in range(40)]
+        app.state.logs[SUPERVISOR_LOG].extend([" ".join(words)])
+        pane.flush()
+        width = pane.query_one(Log).scrollable_content_region.width
+        assert 20 <= width < len(" ".join(words))
+        assert len(pane.text) > 1 and all(len(line) <= width for line in pane.text)
+        assert " ".join(pane.text).split() == words  # folded, nothing cut
