@@ -191,12 +191,30 @@ def _describe_spec(index: int, spec: ProcessSpec) -> list[str]:
         lines.append(f"   port:       {spec.port}")
     if spec.env:
         shown = {k: "***" if "TOKEN" in k or "SECRET" in k else v for k, v in spec.env.items()}
-        lines.append(f"   env:        {' '.join(f'{k}={v}' for k, v in shown.items())}")
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
+        lines.append(f"   env:        {env}")
     if spec.cwd:
         lines.append(f"   cwd:        {spec.cwd}")
     lines.append(f"   restart:    {policy}")
     lines.append(f"   shutdown:   {spec.shutdown.signal}, timeout {spec.shutdown.timeout:g}s")
     return lines
+
+
+def describe_gpus(plan: Plan) -> str:
+    """Which role holds which GPUs, in one line (empty when no role is pinned to a GPU)."""
+    parts = []
+    for role, placement in plan.roles.gpu_plan.placements.items():
+        if not placement.gpus:
+            continue
+        what = f"{role} {list(placement.gpus)}"
+        if placement.ranks > 1:
+            what += f" ({placement.ranks} ranks, torchrun)"
+        inference = plan.roles.inference
+        if role == "inference" and inference is not None and inference.backend == "vllm":
+            tp, dp = inference.tensor_parallel_size, inference.data_parallel_size
+            what += f" (vLLM tensor_parallel_size {tp} x data_parallel_size {dp})"
+        parts.append(what)
+    return "; ".join(parts)
 
 
 def print_plan(console: Console, profile: Profile, plan: Plan) -> None:
@@ -206,6 +224,9 @@ def print_plan(console: Console, profile: Profile, plan: Plan) -> None:
     console.print(f"run       {run.name}  mode={plan.roles.mode}  model={run.model}", markup=False)
     console.print(f"run dir   {plan.run_dir} (created by `grpo-tui run`)", markup=False)
     console.print(f"exit_with {plan.exit_with or '- (runs until stopped)'}", markup=False)
+    gpus = describe_gpus(plan)
+    if gpus:
+        console.print(f"gpus      {gpus}", markup=False)
     console.print(f"start order: {' -> '.join(s.name for s in plan.specs)}", markup=False)
     for index, spec in enumerate(plan.specs, start=1):
         console.print("\n".join(_describe_spec(index, spec)), markup=False, soft_wrap=True)

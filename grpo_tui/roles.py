@@ -26,6 +26,8 @@ from grpo_trainer.serve.settings import LORA_MODES, InferenceSettings, Mode, inf
 from grpo_trainer.sync.restart import RESTART_MODES
 from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.resume import read_checkpoint, resolve_resume
+from grpo_tui.launchers import Launch, Placement, launcher_for
+from grpo_tui.placement import GpuPlan, plan_gpus, trainer_gpus
 from grpo_tui.profile import (
     KeyPath,
     Problem,
@@ -64,6 +66,12 @@ TRAINER_WIRED = {
     "save_path": "the run directory (RUN/checkpoints)",
 }
 """Trainer keys the role layer derives from other tables (key -> source); not for profiles."""
+
+TRAINER_ROLE_KEYS = ("gpus",)
+"""Keys of the ``[trainer]`` table that the role layer reads and the trainer never sees."""
+
+TRAINER_SHUTDOWN = 120.0
+"""Seconds a stopping trainer (every rank) has to finish its step and checkpoint."""
 
 ENV_WIRED = {"model_name": "inference.served_model_name"}
 
@@ -115,8 +123,27 @@ class RoleLayer:
         self.envs = [
             self._env(index, table) for index, table in enumerate(profile.table("env") or [])
         ]
+        self.trainer_gpus: tuple[int, ...] = ()
         self._check_trainer_table()
+        self.gpu_plan = self._place()
+        self.problems += self.gpu_plan.problems
         self._adjust = self._adjustments()
+
+    def _place(self) -> GpuPlan:
+        """The roles' GPUs in the current mode (problems name the keys)."""
+        has_trainer = self.profile.has_role("trainer")
+        device = self._tables["trainer"].get("device", "cuda" if self.trainer_gpus else "cpu")
+        return plan_gpus(
+            self.profile,
+            mode=self.mode,
+            trainer=self.trainer_gpus if has_trainer else None,
+            trainer_device=str(device),
+            inference=self.inference if self.profile.has_role("inference") else None,
+        )
+
+    def placement(self, name: str) -> Placement:
+        """Where role process ``name`` runs (no GPUs pinned for the CPU-only roles)."""
+        return self.gpu_plan.placements.get(name, Placement())
 
     def _adjustments(self) -> dict[str, dict[str, Any]]:
         """``[process.<role process>]`` tables: supervisor keys that adjust a role's spec."""
@@ -198,6 +225,8 @@ class RoleLayer:
         if not self.profile.has_role("trainer"):
             return
         self.problems += _wired(self.profile, table, TRAINER_WIRED, ("trainer",))
+        self.trainer_gpus, problems = trainer_gpus(self.profile, table)
+        self.problems += problems
         try:
             self.trainer_config()
         except ValidationError as error:
@@ -215,6 +244,8 @@ class RoleLayer:
             defaults.update(sync_every=RESTART_SYNC_EVERY, max_sync_lag=RESTART_SYNC_EVERY - 1)
         if len(group_sizes) == 1:
             defaults["group_size"] = group_sizes.pop()
+        if self.trainer_gpus:
+            defaults["device"] = "cuda"  # each rank sees only its GPUs
         wiring: dict[str, Any] = {
             "model_name": self.model_path,
             "atropos_url": api.url,
@@ -226,7 +257,8 @@ class RoleLayer:
         }
         if api.token is not None:
             wiring["api_token"] = api.token.get_secret_value()
-        table = {k: v for k, v in self._tables["trainer"].items() if k not in TRAINER_WIRED}
+        skip = {*TRAINER_WIRED, *TRAINER_ROLE_KEYS}
+        table = {k: v for k, v in self._tables["trainer"].items() if k not in skip}
         return TrainerConfig.model_validate({**defaults, **table, **wiring})
 
     def specs(self) -> tuple[list[ProcessSpec], dict[str, KeyPath]]:
@@ -330,11 +362,14 @@ class RoleLayer:
             shared_dir=str(self.run_dir / "shared_weights"),
         )
         health = f"{settings.base_url}/health"
+        placed = launcher_for(
+            self.placement("inference"), log_dir=self.run_dir / "logs", shutdown_timeout=30
+        ).wrap(Launch(argv=launch.argv, env=launch.env), self.placement("inference"))
         return ProcessSpec(
             name="inference",
             role="inference",
-            command=launch.argv,
-            env=launch.env,
+            command=placed.argv,
+            env=placed.env,
             port=settings.port,
             metrics_url=f"{settings.base_url}/metrics",
             depends_on=self._model_deps(),
@@ -349,14 +384,22 @@ class RoleLayer:
     def _trainer_spec(self) -> ProcessSpec:
         depends = self._model_deps()
         depends.update({r: HEALTHY for r in ("api", "inference") if r in self.roles})
+        placement = self.placement("trainer")
+        launcher = launcher_for(
+            placement,
+            log_dir=self.run_dir / "logs" / "trainer-ranks",
+            shutdown_timeout=TRAINER_SHUTDOWN,
+        )
+        launch = launcher.wrap(Launch(argv=self.trainer_config().argv()), placement)
         return ProcessSpec(
             name="trainer",
             role="trainer",
-            command=self.trainer_config().argv(),
+            command=launch.argv,
+            env=launch.env,
             depends_on=depends,
             readiness=LogLineProbe(pattern=TRAINER_READY, period=0.2),
             restart=RestartPolicy(policy="on_failure", backoff_base=1.0, max_restarts=5),
-            shutdown=Shutdown(timeout=120),
+            shutdown=Shutdown(timeout=TRAINER_SHUTDOWN),
         )
 
     def _env_spec(self, name: str, index: int) -> ProcessSpec:
@@ -412,6 +455,10 @@ class RoleLayer:
         saved = self._snapshot()
         try:
             self._apply(name, mode, args)
+            gpu_plan = self._place()
+            if gpu_plan.problems:
+                raise ValueError("; ".join(str(p) for p in gpu_plan.problems))
+            self.gpu_plan = gpu_plan
             return self.spec(name)
         except (ValueError, ValidationError):
             self._restore(saved)
@@ -447,6 +494,7 @@ class RoleLayer:
             "api": self.api,
             "inference": self.inference,
             "envs": list(self.envs),
+            "gpu_plan": self.gpu_plan,
             "_tables": {k: dict(v) for k, v in self._tables.items()},
         }
 

@@ -13,14 +13,24 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 Backend = Literal["builtin", "vllm"]
 Mode = Literal["none", "shared_vllm", "lora_only", "lora_restart"]
 LORA_MODES: tuple[str, ...] = ("lora_only", "lora_restart")
 VLLM_WORKER_EXTENSION = "grpo_trainer.sync.vllm_worker.SharedWeightsExtension"
+
+
+def _distinct(value: list[int]) -> list[int]:
+    if not value or len(set(value)) != len(value):
+        raise ValueError(f"must list one or more distinct GPU indices, got {value}")
+    return value
+
+
+GpuIndices = Annotated[list[Annotated[int, Field(ge=0)]], AfterValidator(_distinct)]
+"""Physical GPU indices (as ``nvidia-smi`` numbers them), at least one, no repeats."""
 
 
 class InferenceSettings(BaseModel):
@@ -55,15 +65,41 @@ class InferenceSettings(BaseModel):
             "vLLM's native NCCL weight transfer"
         ),
     )
-    cuda_visible_devices: str | None = Field(
-        default=None, description="CUDA_VISIBLE_DEVICES for the server process"
+    gpus: GpuIndices | None = Field(
+        default=None,
+        description=(
+            "physical GPU indices the server runs on (its CUDA_VISIBLE_DEVICES); vLLM spreads "
+            "over them with tensor_parallel_size x data_parallel_size = len(gpus)"
+        ),
     )
+    tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM only")
+    data_parallel_size: int = Field(default=1, ge=1, description="vLLM only")
     vllm_executable: list[str] = Field(
         default_factory=lambda: ["vllm"],
         min_length=1,
         description="how to invoke vLLM's CLI, e.g. ['python3', '-m', 'vllm.entrypoints.cli.main']",
     )
     extra_args: list[str] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gpus_mean_cuda(cls, data: Any) -> Any:
+        """A server pinned to ``gpus`` runs on cuda unless ``device`` says otherwise.
+
+        ``cuda_visible_devices`` (a string) was the earlier way to pin the server: it is
+        refused with the line that replaces it, so that one key says where a role runs.
+        """
+        if not isinstance(data, dict):
+            return data
+        if "cuda_visible_devices" in data:
+            raise ValueError(
+                "cuda_visible_devices was replaced by gpus, a list of GPU indices "
+                "(cuda_visible_devices = '0,1' is gpus = [0, 1]); the trainer's GPUs "
+                "are [trainer] gpus"
+            )
+        if data.get("gpus") and "device" not in data:
+            return {**data, "device": "cuda"}
+        return data
 
     @model_validator(mode="after")
     def _builtin_only(self) -> InferenceSettings:
@@ -121,13 +157,6 @@ def inference_command(
     )
 
 
-def _common_env(settings: InferenceSettings) -> dict[str, str]:
-    env: dict[str, str] = {}
-    if settings.cuda_visible_devices is not None:
-        env["CUDA_VISIBLE_DEVICES"] = settings.cuda_visible_devices
-    return env
-
-
 def _serve_flags(settings: InferenceSettings, *, mode: str, model: str) -> list[str]:
     """The model and the flags both servers share (vLLM's names)."""
     return [
@@ -172,7 +201,7 @@ def _builtin_command(
         if shared_dir is None:
             raise ValueError("shared_vllm on the built-in backend needs shared_dir")
         argv += ["--shared-weights", shared_dir]
-    return InferenceLaunch(argv=[*argv, *settings.extra_args], env=_common_env(settings))
+    return InferenceLaunch(argv=[*argv, *settings.extra_args], env={})
 
 
 def _vllm_command(
@@ -191,7 +220,11 @@ def _vllm_command(
         argv += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
     if settings.enforce_eager:
         argv.append("--enforce-eager")
-    env = _common_env(settings)
+    if settings.tensor_parallel_size > 1:
+        argv += ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
+    if settings.data_parallel_size > 1:
+        argv += ["--data-parallel-size", str(settings.data_parallel_size)]
+    env: dict[str, str] = {}
     if mode in LORA_MODES:
         argv += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank)]
         if adapter is not None:

@@ -63,7 +63,8 @@ def test_vllm_shared_mode_uses_dev_mode_and_the_worker_extension() -> None:
         gpu_memory_utilization=0.3,
         max_model_len=2048,
         enforce_eager=True,
-        cuda_visible_devices="1",
+        gpus=[1, 2],
+        tensor_parallel_size=2,
         vllm_executable=["python3", "-m", "vllm.entrypoints.cli.main"],
         extra_args=["--max-num-seqs", "64"],
     )
@@ -75,8 +76,11 @@ def test_vllm_shared_mode_uses_dev_mode_and_the_worker_extension() -> None:
     assert flag(argv, "--gpu-memory-utilization") == "0.3"
     assert flag(argv, "--max-model-len") == "2048"
     assert "--enforce-eager" in argv
+    assert flag(argv, "--tensor-parallel-size") == "2"
+    assert "--data-parallel-size" not in argv  # 1 is vLLM's default: the flag stays out
     assert argv[-2:] == ["--max-num-seqs", "64"]
-    assert launch.env == {"VLLM_SERVER_DEV_MODE": "1", "CUDA_VISIBLE_DEVICES": "1"}
+    # the GPUs become CUDA_VISIBLE_DEVICES in the role layer's launcher, not here
+    assert launch.env == {"VLLM_SERVER_DEV_MODE": "1"}
 
 
 def test_worker_extension_path_names_a_real_class() -> None:
