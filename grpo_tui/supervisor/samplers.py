@@ -6,9 +6,11 @@ optional: without the library, a driver or a GPU, the GPU part is silently absen
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -18,6 +20,19 @@ from grpo_tui.supervisor.events import Event, GpuSample, ResourceSample
 from grpo_tui.supervisor.process import ChildProcess
 
 TOKENS_COUNTER = "vllm:generation_tokens_total"
+SCRAPE_TIMEOUT = 2.0
+"""Seconds a ``/metrics`` scrape may take: a busy server answers late, not never."""
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """A Prometheus endpoint to scrape: its process's role, one instance (pid) of it, and
+    when that instance became ready (its counters started from zero before then)."""
+
+    role: str
+    url: str
+    instance: int
+    ready_at: float
 
 
 class TreeSampler:
@@ -121,12 +136,23 @@ def generation_tokens(text: str) -> float | None:
 
 
 class TokenRate:
-    """Tokens/s from successive scrapes of a Prometheus counter (resets handled)."""
+    """Tokens/s of one server from successive scrapes of its Prometheus counter.
+
+    Each server instance (a pid) has its own counter, from zero: a rate never spans two
+    instances, and a new instance's first scrape already gives one (tokens since it became
+    ready), so a server restarted every few steps is still measured between its restarts.
+    """
 
     def __init__(self) -> None:
+        self._instance: int | None = None
         self._last: tuple[float, float] | None = None
 
-    def update(self, t: float, total: float) -> float | None:
+    def update(
+        self, t: float, total: float, instance: int | None = None, ready_at: float | None = None
+    ) -> float | None:
+        if instance != self._instance:
+            self._instance = instance
+            self._last = None if ready_at is None else (ready_at, 0.0)
         last, self._last = self._last, (t, total)
         if last is None or t <= last[0] or total < last[1]:
             return None
@@ -145,9 +171,9 @@ class Samplers:
     async def sample(
         self,
         children: Mapping[str, ChildProcess],
-        scrape: Mapping[str, tuple[str, str]],
+        scrape: Mapping[str, Scrape],
     ) -> tuple[list[Event], dict[str, float]]:
-        """(events to publish, metric values); ``scrape`` maps name -> (role, metrics url)."""
+        """(events to publish, metric values); ``scrape`` maps name -> its endpoint."""
         events: list[Event] = []
         values: dict[str, float] = {}
         gpus, gpu_by_pid = self._gpus.sample()
@@ -166,20 +192,20 @@ class Samplers:
             values[f"process/{name}/rss_bytes"] = rss
             if gpu_memory is not None:
                 values[f"process/{name}/gpu_memory_bytes"] = gpu_memory
-        for name, (role, url) in scrape.items():
-            rate = await self._scrape(name, url)
+        rates = await asyncio.gather(*(self._scrape(name, at) for name, at in scrape.items()))
+        for (name, at), rate in zip(scrape.items(), rates, strict=True):
             if rate is not None:
-                values[
-                    "inference/tokens_per_s" if role == "inference" else f"{name}/tokens_per_s"
-                ] = rate
+                key = "inference/tokens_per_s" if at.role == "inference" else f"{name}/tokens_per_s"
+                values[key] = rate
         return events, values
 
-    async def _scrape(self, name: str, url: str) -> float | None:
+    async def _scrape(self, name: str, at: Scrape) -> float | None:
         try:
-            response = await self._client.get(url, timeout=1.0)
+            response = await self._client.get(at.url, timeout=SCRAPE_TIMEOUT)
         except httpx.HTTPError:
             return None
         total = generation_tokens(response.text) if response.status_code == 200 else None
         if total is None:
             return None
-        return self._rates.setdefault(name, TokenRate()).update(time.time(), total)
+        rate = self._rates.setdefault(name, TokenRate())
+        return rate.update(time.time(), total, at.instance, at.ready_at)

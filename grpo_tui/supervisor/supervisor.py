@@ -40,7 +40,7 @@ from grpo_tui.supervisor.logs import OutputSink
 from grpo_tui.supervisor.metrics import MetricsStore
 from grpo_tui.supervisor.ports import find_port_holder
 from grpo_tui.supervisor.process import ChildProcess, SpawnError, describe_exit
-from grpo_tui.supervisor.samplers import Samplers
+from grpo_tui.supervisor.samplers import Samplers, Scrape
 from grpo_tui.supervisor.spec import Condition, ProcessSpec
 from grpo_tui.supervisor.tree import PROCESS_VAR, RUN_ID_VAR
 
@@ -99,6 +99,7 @@ class _Entry:
         self.restarts = 0
         self.attempt = 0
         self.started_at: float | None = None
+        self.ready_at = 0.0  # when it last became ready (its counters start before)
         self.exit_code: int | None = None
         self.last_reason = ""
         self.health: str | None = None
@@ -661,6 +662,8 @@ class Supervisor:
     ) -> None:
         old = entry.state
         entry.state = new
+        if entry.ready and old != new:
+            entry.ready_at = time.time()
         entry.last_reason = reason or entry.last_reason
         if exit_code is not None:
             entry.exit_code = exit_code
@@ -791,9 +794,11 @@ class Supervisor:
                 if entry.child is not None and entry.child.returncode is None
             }
             scrape = {
-                name: (entry.spec.role, entry.spec.metrics_url)
+                name: Scrape(
+                    entry.spec.role, entry.spec.metrics_url, entry.child.pid, entry.ready_at
+                )
                 for name, entry in self._entries.items()
-                if entry.spec.metrics_url and entry.ready
+                if entry.spec.metrics_url and entry.ready and entry.child is not None
             }
             events, values = await samplers.sample(running, scrape)
             for event in events:

@@ -1,0 +1,74 @@
+"""The supervisor's inference tokens/s on the built-in server's real ``/metrics``.
+
+The GPU benchmark's ``vllm/none`` cell once reported 23 tokens/s where every other cell
+reported thousands: with the server restarted at every sync, the sampler needed two scrapes
+of one instance before it gave a rate, and a restart's first scrape was spent as a new
+baseline, so short runs between restarts gave no sample at all. Now each instance counts
+from the moment it became ready, and a rate never spans two instances.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+from serve_helpers import free_port
+
+from grpo_trainer.serve.launch import ServerProcess
+from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_tui.supervisor.samplers import Samplers, Scrape
+
+TOKENS = 16
+
+
+def generate(url: str, n: int) -> int:
+    body = {
+        "model": "policy",
+        "prompt": "abc",
+        "n": n,
+        "max_tokens": TOKENS,
+        "ignore_eos": True,
+    }
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return n * TOKENS
+
+
+async def sample(samplers: Samplers, server: ServerProcess, ready_at: float):
+    assert server.process is not None
+    at = Scrape("inference", f"{server.base_url}/metrics", server.process.pid, ready_at)
+    before = time.time()
+    _, values = await samplers.sample({}, {"inference": at})
+    return values.get("inference/tokens_per_s"), before, time.time()
+
+
+async def test_each_instance_is_measured_from_its_first_scrape(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    settings = InferenceSettings(port=free_port(), max_model_len=64)
+    launch = inference_command(settings, mode="none", model=str(tiny_model_dir))
+    async with httpx.AsyncClient() as client:
+        samplers = Samplers(client)
+        first = ServerProcess(launch, settings.base_url, tmp_path / "first.log")
+        second = ServerProcess(launch, settings.base_url, tmp_path / "second.log")
+        try:
+            await asyncio.to_thread(first.start)
+            ready = time.time()
+            made = await asyncio.to_thread(generate, first.base_url, 2)
+            rate, before, after = await sample(samplers, first, ready)
+            assert rate is not None, "the first scrape of an instance must give a rate"
+            assert made / (after - ready) <= rate <= made / (before - ready)
+
+            await asyncio.to_thread(first.stop)  # the restart of a sync in mode none
+            await asyncio.to_thread(second.start)
+            ready = time.time()
+            made = await asyncio.to_thread(generate, second.base_url, 4)  # more than before
+            rate, before, after = await sample(samplers, second, ready)
+            assert rate is not None
+            # from zero at its own start, not the difference to the old instance's counter
+            assert made / (after - ready) <= rate <= made / (before - ready)
+        finally:
+            await asyncio.to_thread(first.stop)
+            await asyncio.to_thread(second.stop)
