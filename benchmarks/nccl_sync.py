@@ -98,14 +98,25 @@ def measure_sync(shape: str, work: Path, args: argparse.Namespace) -> dict[str, 
         result["attach_s"] = time.perf_counter() - begin
         if strategy.zero_copy:
             raise RuntimeError("vLLM and the trainer share a GPU: this measures NCCL only")
-        times = []
-        for step in range(1, args.syncs + 1):
-            with torch.no_grad():
-                for p in params:
-                    p.add_(1e-3)  # new weights each time, as after an optimizer step
-            torch.cuda.synchronize(device)
-            times.append(strategy.sync(model, step).sync_time)
-        result["sync_s"] = times
+        result["kernel_format"] = strategy._layout is not None
+        formats = {"kernel": strategy._layout, "checkpoint": None}
+        for fmt, layout in formats.items():
+            if fmt == "kernel" and layout is None:
+                continue
+            strategy._layout = layout  # the benchmark compares both formats in one run
+            times, phases = [], []
+            for step in range(1, args.syncs + 1):
+                with torch.no_grad():
+                    for p in params:
+                        p.add_(1e-3)  # new weights each time, as after an optimizer step
+                torch.cuda.synchronize(device)
+                outcome = strategy.sync(model, step)
+                times.append(outcome.sync_time)
+                phases.append(outcome.phases)
+            result[f"{fmt}_sync_s"] = times
+            result[f"{fmt}_phases"] = {
+                k: statistics.median(p[k] for p in phases) for k in phases[0]
+            }
         result["sync_extra_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
         result["served_after_sync"] = served_ok(server.base_url, settings.served_model_name)
     finally:
@@ -182,26 +193,35 @@ def measure_broadcast(shape: str, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
+FORMATS = {"kernel": "vLLM's layout (direct copy)", "checkpoint": "checkpoint format (reload)"}
+
+
 def table(rows: list[dict[str, Any]]) -> list[str]:
     lines = [
-        "| shape | params | bytes | shared_vllm sync median (min-max) | raw broadcast, one "
-        "buffer | raw broadcast, per tensor | sync / raw | raw GB/s | sync GB/s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| shape | params | bytes | sent as | shared_vllm sync median (min-max) | phases "
+        "(median ms) | raw broadcast, one buffer | raw, per tensor | sync / raw | raw GB/s "
+        "| sync GB/s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         if "error" in row:
-            lines.append(f"| {row['shape']} | error: {row['error'][:200]} |||||||")
+            lines.append(f"| {row['shape']} | error: {row['error'][:300]} |||||||||")
             continue
-        sync = statistics.median(row["sync_s"])
         flat = statistics.median(row["flat_s"])
         per = statistics.median(row["per_tensor_s"])
-        lines.append(
-            f"| {row['shape']} | {row['params'] / 1e9:.2f} B | {row['bytes'] / GB:.2f} GB "
-            f"| {sync * 1e3:.0f} ms ({min(row['sync_s']) * 1e3:.0f}-"
-            f"{max(row['sync_s']) * 1e3:.0f}) | {flat * 1e3:.0f} ms | {per * 1e3:.0f} ms "
-            f"| {sync / flat:.2f}x | {row['bytes'] / flat / GB:.0f} | "
-            f"{row['bytes'] / sync / GB:.0f} |"
-        )
+        for fmt, label in FORMATS.items():
+            if f"{fmt}_sync_s" not in row:
+                continue
+            times = row[f"{fmt}_sync_s"]
+            sync = statistics.median(times)
+            phases = ", ".join(f"{k} {v * 1e3:.0f}" for k, v in row[f"{fmt}_phases"].items())
+            lines.append(
+                f"| {row['shape']} | {row['params'] / 1e9:.2f} B | {row['bytes'] / GB:.2f} GB "
+                f"| {label} | {sync * 1e3:.0f} ms ({min(times) * 1e3:.0f}-"
+                f"{max(times) * 1e3:.0f}) | {phases} | {flat * 1e3:.1f} ms | {per * 1e3:.1f} ms "
+                f"| {sync / flat:.1f}x | {row['bytes'] / flat / GB:.0f} | "
+                f"{row['bytes'] / sync / GB:.0f} |"
+            )
     return lines
 
 
@@ -228,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         row: dict[str, Any] = {"shape": shape}
         try:
             row = measure_sync(shape, args.work, args)
-            print(f"nccl_sync: {shape} sync {row['sync_s']}", flush=True)
+            print(f"nccl_sync: {shape} {row}", flush=True)
             row |= measure_broadcast(shape, args)
             print(f"nccl_sync: {shape} raw {row['flat_s']} / {row['per_tensor_s']}", flush=True)
         except Exception as error:  # one shape failing still reports the others

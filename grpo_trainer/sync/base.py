@@ -15,7 +15,7 @@ swaps parameters for shared views; LoRA modes load the initial adapter).
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar
 
@@ -40,6 +40,9 @@ class SyncResult:
 
     sync_time: float
     policy_version: int
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds per phase of the sync where a strategy measures them (reported as
+    ``sync/<phase>_time``)."""
 
 
 class WeightSync(ABC):

@@ -7,7 +7,11 @@ is paused (``wait``) around the step; a sync resets the prefix cache.
 
 Other GPUs: vLLM's native weight transfer (``/init_weight_transfer_engine`` once, then per
 sync ``/start_weight_update``, ``/update_weights`` while the trainer broadcasts over NCCL,
-``/finish_weight_update``), with generation paused during the transfer.
+``/finish_weight_update``), with generation paused during the transfer. Where every vLLM
+worker holds whole tensors (TP 1), the trainer sends them in vLLM's own layout (fused
+``qkv_proj``/``gate_up_proj``, padded vocabulary; ``vllm_names.kernel_tensors``) and vLLM
+copies each straight into its parameter; otherwise in checkpoint format, which vLLM's
+weight loaders shard and fuse (a layer-by-layer reload, several times slower).
 Needs ``VLLM_SERVER_DEV_MODE=1`` and the worker extension: ``inference_command`` sets both.
 Tensor parallel size 1 for the zero-copy path.
 """
@@ -26,6 +30,7 @@ from grpo_trainer.sync.base import SyncResult
 from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.cuda_ipc import map_server_weights, same_gpu, share_parameters
 from grpo_trainer.sync.shared import PausedUpdateSync
+from grpo_trainer.sync.vllm_names import kernel_tensors
 
 
 def _free_port() -> int:
@@ -41,6 +46,7 @@ class VllmSharedSync(PausedUpdateSync):
         super().__init__(*args, **kwargs)
         self.zero_copy = False
         self._group: Any = None
+        self._layout: list[tuple[str, list[int], str]] | None = None
 
     def attach(self, model: nn.Module) -> nn.Module:
         """Share vLLM's weights on the same GPU, else open the NCCL transfer group."""
@@ -60,8 +66,33 @@ class VllmSharedSync(PausedUpdateSync):
             self.client.post("/reset_prefix_cache")
         else:
             self._init_nccl(device)
+            self._layout = self._kernel_layout(model)
             self.sync(model, 0)
         return model
+
+    def _kernel_layout(self, model: nn.Module) -> list[tuple[str, list[int], str]] | None:
+        """vLLM's parameter layout when every worker holds whole tensors ``model`` can fill.
+
+        None (send in checkpoint format) when workers differ (tensor parallel shards) or
+        the trainer's parameters do not build vLLM's exactly (checked on the meta device).
+        """
+        answer = self.client.post("/collective_rpc", json={"method": "grpo_weight_layout"})
+        layouts = answer.json().get("results", [])
+        if not layouts or any(layout != layouts[0] for layout in layouts):
+            return None
+        layout = [
+            (str(name), [int(d) for d in shape], str(dtype)) for name, shape, dtype in layouts[0]
+        ]
+        shapes = (
+            (name, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+            for name, p in model.named_parameters()
+        )
+        try:
+            for _ in kernel_tensors(shapes, layout):
+                pass
+        except ValueError:
+            return None
+        return layout
 
     def _init_nccl(self, device: torch.device) -> None:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
@@ -106,11 +137,21 @@ class VllmSharedSync(PausedUpdateSync):
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
         start = time.perf_counter()
-        named = list(model.named_parameters())
+        phases: dict[str, float] = {}
+        named = iter(model.named_parameters())
+        if self._layout is not None:
+            layout = self._layout
+            stream = kernel_tensors(named, layout)
+        else:
+            layout = [
+                (name, list(p.shape), str(p.dtype).removeprefix("torch."))
+                for name, p in model.named_parameters()
+            ]
+            stream = named
         update_info = {
-            "names": [name for name, _ in named],
-            "dtype_names": [str(p.dtype).removeprefix("torch.") for _, p in named],
-            "shapes": [list(p.shape) for _, p in named],
+            "names": [name for name, _, _ in layout],
+            "dtype_names": [dtype for _, _, dtype in layout],
+            "shapes": [shape for _, shape, _ in layout],
             "packed": True,
         }
         failure: list[BaseException] = []
@@ -121,20 +162,30 @@ class VllmSharedSync(PausedUpdateSync):
             except BaseException as error:
                 failure.append(error)
 
+        def lap(phase: str) -> None:
+            phases[phase] = time.perf_counter() - start - sum(phases.values())
+
         self.client.post("/pause", mode="wait")
+        lap("pause")
         try:
-            self.client.post("/start_weight_update", json={"is_checkpoint_format": True})
+            self.client.post(
+                "/start_weight_update", json={"is_checkpoint_format": self._layout is None}
+            )
+            lap("start")
             worker = threading.Thread(target=server_side, daemon=True)
             worker.start()
             with torch.no_grad():
                 NCCLWeightTransferEngine.trainer_send_weights(
-                    iter(named), {"group": self._group, "packed": True}
+                    stream, {"group": self._group, "packed": True}
                 )
             worker.join()
+            lap("transfer")
             if failure:
                 raise SyncError(f"vLLM /update_weights failed: {failure[0]}")
             self.client.post("/finish_weight_update")
+            lap("finish")
         finally:
             self.client.post("/resume")
         self.client.post("/reset_prefix_cache")
-        return SyncResult(sync_time=time.perf_counter() - start, policy_version=step)
+        lap("resume")
+        return SyncResult(sync_time=time.perf_counter() - start, policy_version=step, phases=phases)

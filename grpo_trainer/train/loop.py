@@ -372,6 +372,7 @@ class Trainer:
                 self.policy_version = result.policy_version
                 self.last_synced_step = self.step
                 metrics["sync_time"] = result.sync_time
+                metrics |= {f"sync/{name}_time": t for name, t in result.phases.items()}
                 break
         stale = self.step - self.last_synced_step
         if stale > self.config.max_sync_lag:
