@@ -203,7 +203,7 @@ def profile_for(
     }
     if cell.backend == "vllm":
         if args.layout == "split":  # trainer on GPU 0, vLLM alone on GPU 1
-            inference["cuda_visible_devices"] = "1"
+            inference["gpus"] = [1]
             if cell.mode == "shared_vllm":
                 inference["weight_transfer"] = "nccl"
         inference |= {
@@ -217,6 +217,7 @@ def profile_for(
     else:
         inference["device"] = cell.device
     trainer: dict[str, Any] = {
+        **({"gpus": [0]} if args.layout == "split" else {}),
         "device": cell.device,
         "dtype": cell.dtype,
         "lr": cell.lr,
@@ -760,7 +761,7 @@ def markdown(
         f"{weight_bytes / MIB:.1f} MiB per copy in {args.dtype}), 44-token char tokenizer",
         "- layout: "
         + (
-            "**split**: the trainer on cuda:0, vLLM alone on GPU 1 (`shared_vllm` syncs by "
+            "**split**: the trainer on GPU 0, vLLM alone on GPU 1 (`shared_vllm` syncs by "
             "vLLM's NCCL weight transfer)"
             if args.layout == "split"
             else "every process on GPU 0 (`shared_vllm` zero-copy through CUDA IPC)"
@@ -922,7 +923,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--layout",
         choices=["same", "split"],
         default="same",
-        help="same: every process on GPU 0; split: the trainer on cuda:0 and vLLM alone on "
+        help="same: every process on GPU 0; split: the trainer on GPU 0 and vLLM alone on "
         "GPU 1 (shared_vllm over NCCL); vLLM cells only",
     )
     parser.add_argument("--dtype", default="bfloat16")
@@ -958,7 +959,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.dtype = "float32" if args.device == "cpu" else args.dtype
     if args.layout == "split":
         args.backends = ["vllm"]
-        args.device = "cuda:0"
     return args
 
 

@@ -48,7 +48,7 @@ def vllm_settings(args: argparse.Namespace, port: int) -> Any:
         enforce_eager=True,
         max_model_len=512,
         gpu_memory_utilization=args.gpu_memory_utilization,
-        cuda_visible_devices=str(args.vllm_gpu),
+        gpus=[args.vllm_gpu],
         vllm_executable=[sys.executable, "-m", "vllm.entrypoints.cli.main"],
         extra_args=["--load-format", "dummy", "--skip-tokenizer-init"],
     )
