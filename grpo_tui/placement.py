@@ -32,10 +32,14 @@ def may_share(mode: str, trainer: tuple[int, ...], inference: tuple[int, ...]) -
     """True when the trainer and inference may hold these GPUs together in ``mode``.
 
     One GPU shared by both is today's single-GPU layout (vLLM's ``gpu_memory_utilization``
-    leaves the trainer its part; ``shared_vllm`` over CUDA IPC needs exactly that); several
-    GPUs are never shared.
+    leaves the trainer its part; ``shared_vllm`` over CUDA IPC needs exactly that). A
+    multi-GPU trainer may host vLLM on some or all of its GPUs too (a machine with fewer
+    GPUs than roles), again with ``gpu_memory_utilization`` set; vLLM on GPUs the trainer
+    does not have besides is refused (an unplanned half-shared layout).
     """
-    return len(trainer) == 1 and trainer == inference
+    if len(trainer) == 1:
+        return trainer == inference
+    return set(inference) <= set(trainer)
 
 
 @dataclass
@@ -161,7 +165,8 @@ def _check_together(
         problem(
             ("inference", "gpus"),
             f"GPU(s) {_gpu_list(tuple(shared))} are also in trainer.gpus: the trainer and "
-            "inference need separate GPUs (only a single GPU may be shared by both)",
+            "inference share GPUs only where vLLM runs on GPUs of the trainer's alone "
+            "(a single shared GPU, or some of a multi-GPU trainer's)",
         )
     elif shared and inference.backend == "vllm" and inference.gpu_memory_utilization is None:
         problem(
@@ -181,9 +186,14 @@ def _check_together(
                 f"{_gpu_list(served.gpus)}): set weight_transfer = 'nccl' for the trainer "
                 "on other GPUs",
             )
-    elif trainer.gpus and trainer.gpus == served.gpus:
+    elif trainer.gpus and trainer.gpus[0] in served.gpus:
         problem(
             ("inference", "weight_transfer"),
-            f"is 'nccl', which needs the trainer and vLLM on different GPUs (both are on "
-            f"{_gpu_list(trainer.gpus)}): on one GPU use weight_transfer = 'cuda_ipc'",
+            f"is 'nccl', which needs vLLM off GPU {trainer.gpus[0]}, where trainer rank 0 "
+            "sends the weights (NCCL puts no two ranks of a group on one GPU): "
+            + (
+                "on one GPU use weight_transfer = 'cuda_ipc'"
+                if len(trainer.gpus) == 1
+                else "list the trainer's other GPUs first or move vLLM"
+            ),
         )

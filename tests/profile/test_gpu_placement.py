@@ -67,7 +67,15 @@ BAD = [
     ("gpus = [2]", "gpus = [0, -1]", "none", "trainer.gpus[1]", "greater than or equal to 0"),
     ("gpus = []", "gpus = [0]", "none", "inference.gpus", "one or more"),
     ("gpus = [1, 2]", "gpus = [0, 1]", "none", "inference.gpus", "[1] are also in trainer.gpus"),
-    ("gpus = [0, 1]", "gpus = [0, 1]", "none", "inference.gpus", "separate GPUs"),
+    ("gpus = [1, 2]", "gpus = [1]", "none", "inference.gpus", "GPUs of the trainer's alone"),
+    ("gpus = [1]", "gpus = [0, 1]", "none", "inference.gpu_memory_utilization", "0.9"),
+    (
+        "gpus = [0]\ngpu_memory_utilization = 0.3\nweight_transfer = 'nccl'",
+        "gpus = [0, 1]",
+        "shared_vllm",
+        "inference.weight_transfer",
+        "off GPU 0, where trainer rank 0",
+    ),
     ("gpus = [2, 3, 4]\ntensor_parallel_size = 2", "gpus = [0]", "none", "inference.gpus", "= 2"),
     ("tensor_parallel_size = 2", "device = 'cuda'", "none", "inference.gpus", "is required"),
     ("gpus = [1]", "device = 'cuda'", "none", "trainer.gpus", "is required"),
@@ -150,6 +158,16 @@ def test_one_gpu_each_runs_local_with_cuda_visible_devices(tmp_path: Path) -> No
     assert trainer.env["CUDA_VISIBLE_DEVICES"] == "5"
     assert inference.env["CUDA_VISIBLE_DEVICES"] == "3"
     assert trainer.env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+
+
+def test_two_rank_trainer_may_host_vllm_on_its_second_gpu(tmp_path: Path) -> None:
+    inference = "gpus = [1]\ngpu_memory_utilization = 0.3\nweight_transfer = 'nccl'"
+    path = write(tmp_path, inference, "gpus = [0, 1]", "shared_vllm")
+    code, output = check(path)
+    assert code == 0, output
+    found = specs(path, tmp_path)
+    assert found["trainer"].env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert found["inference"].env["CUDA_VISIBLE_DEVICES"] == "1"
 
 
 def test_builtin_server_on_a_listed_gpu_runs_on_cuda(tmp_path: Path) -> None:
