@@ -55,6 +55,8 @@ def event_from_json(record: dict[str, Any]) -> Event | None:
             kwargs["lines"] = tuple(kwargs.get("lines", ()))
         if cls is ev.ProcessPlanned:
             kwargs["command"] = tuple(kwargs.get("command", ()))
+        if cls is ev.GpuSample:
+            kwargs["holders"] = tuple(kwargs.get("holders", ()))
         return cls(**kwargs)
     except (KeyError, TypeError, ValueError):
         return None

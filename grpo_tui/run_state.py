@@ -146,6 +146,8 @@ class RunState:
         self.finished_at: float | None = None
         self.outcome: str | None = None
         self.processes: dict[str, ProcessRow] = {}
+        self.gpus: dict[int, GpuSample] = {}
+        """The latest sample of each GPU (NVML), by index: memory, utilisation, holders."""
         self.metrics = SeriesStore()
         self.logs: dict[str, LogBuffer] = {SUPERVISOR_LOG: LogBuffer(max_log_lines)}
         self.notices: deque[Notice] = deque(maxlen=200)
@@ -217,6 +219,7 @@ class RunState:
                 row.gpu_memory_bytes = event.gpu_memory_bytes
                 self.metrics.add(f"rss_mb/{event.process}", event.t, None, event.rss_bytes / 2**20)
             case GpuSample():
+                self.gpus[event.index] = event
                 self.metrics.add(
                     f"gpu_memory_gb/{event.index}", event.t, None, event.memory_used_bytes / 1e9
                 )

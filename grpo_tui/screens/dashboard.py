@@ -1,4 +1,4 @@
-"""The dashboard: header, process table, chart grid and the supervisor's event tail.
+"""The dashboard: header, process and GPU tables, chart grid and the supervisor's event tail.
 
 Everything here is drawn from the app's :class:`RunState` on timers, never per event: the
 event tail at ~12 Hz, and every 1/6 s a row of charts in turn (the first row with the
@@ -17,6 +17,7 @@ from textual.containers import Grid
 from textual.screen import Screen
 
 from grpo_tui.run_state import SUPERVISOR_LOG
+from grpo_tui.widgets.gpu_table import GpuTable
 from grpo_tui.widgets.key_bar import KeyBar
 from grpo_tui.widgets.log_pane import LogPane
 from grpo_tui.widgets.metric_chart import DASHBOARD_CHARTS, MetricChart
@@ -42,6 +43,7 @@ class DashboardScreen(Screen[None]):
         state = self.app.state
         yield RunHeader(id="header")
         yield ProcessTable(id="processes")
+        yield GpuTable(id="gpus")
         with Grid(id="charts"):
             for spec in DASHBOARD_CHARTS:
                 yield MetricChart(spec, t0=state.started_at or 0.0)
@@ -72,6 +74,7 @@ class DashboardScreen(Screen[None]):
         state, now = app.state, app.clock()
         self.query_one(RunHeader).show(state, now, read_only=app.read_only)
         self.query_one(ProcessTable).show(list(state.processes.values()), now)
+        self.query_one(GpuTable).show(state.gpus)
         alerted = {alert.chart for alert in app.check_alerts() if alert.chart}
         for chart in self._charts:
             chart.set_class(chart.spec.id in alerted, "-alert")

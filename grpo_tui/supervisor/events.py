@@ -118,11 +118,18 @@ class ResourceSample(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class GpuSample(Event):
+    """One GPU (NVML's index, as ``nvidia-smi`` numbers it) and the processes holding it.
+
+    ``holders``: supervised processes pinned to this GPU (``CUDA_VISIBLE_DEVICES``) or with
+    memory on it, in name order.
+    """
+
     index: int
     name: str
     memory_used_bytes: int
     memory_total_bytes: int
     utilization_percent: float
+    holders: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, kw_only=True)

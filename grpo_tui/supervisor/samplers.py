@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -78,8 +79,33 @@ class TreeSampler:
             return None
 
 
+def pinned_gpus(env: Mapping[str, str]) -> tuple[int, ...]:
+    """The GPU indices a ``CUDA_VISIBLE_DEVICES`` value names (UUIDs and MIG ids skipped)."""
+    listed = env.get("CUDA_VISIBLE_DEVICES", "")
+    return tuple(int(part) for part in listed.split(",") if part.strip().isdigit())
+
+
+def gpu_holders(
+    on_gpu: Mapping[int, Mapping[int, int]],
+    trees: Mapping[str, set[int]],
+    pinned: Mapping[str, tuple[int, ...]],
+) -> dict[int, tuple[str, ...]]:
+    """``GPU index -> processes holding it``: pinned there, or a pid of its tree has memory.
+
+    ``on_gpu`` maps each GPU to ``pid -> bytes`` (NVML's compute processes); ``trees`` each
+    supervised process to the pids of its tree; ``pinned`` each to its listed GPUs.
+    """
+    holders: dict[int, set[str]] = {index: set() for index in on_gpu}
+    for name, gpus in pinned.items():
+        for index in gpus:
+            holders.setdefault(index, set()).add(name)
+    for index, pids in on_gpu.items():
+        holders[index] |= {name for name, tree in trees.items() if tree & set(pids)}
+    return {index: tuple(sorted(names)) for index, names in sorted(holders.items())}
+
+
 class GpuSampler:
-    """Per-GPU memory/utilisation and per-pid GPU memory through NVML, when it works."""
+    """Per-GPU memory/utilisation and per-GPU, per-pid memory through NVML, when it works."""
 
     def __init__(self) -> None:
         self._nvml: Any = None
@@ -95,12 +121,13 @@ class GpuSampler:
     def available(self) -> bool:
         return self._nvml is not None
 
-    def sample(self) -> tuple[list[GpuSample], dict[int, int]]:
-        """(one sample per GPU, ``pid -> GPU memory bytes`` over all GPUs)."""
+    def sample(self) -> tuple[list[GpuSample], dict[int, dict[int, int]]]:
+        """(one sample per GPU, ``GPU index -> pid -> memory bytes``)."""
         nvml = self._nvml
         if nvml is None:
             return [], {}
-        gpus, per_pid = [], {}
+        gpus: list[GpuSample] = []
+        per_gpu: dict[int, dict[int, int]] = {}
         try:
             for index in range(nvml.nvmlDeviceGetCount()):
                 handle = nvml.nvmlDeviceGetHandleByIndex(index)
@@ -116,12 +143,12 @@ class GpuSampler:
                         utilization_percent=float(util.gpu),
                     )
                 )
+                per_pid = per_gpu.setdefault(index, {})
                 for proc in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
-                    used = proc.usedGpuMemory or 0
-                    per_pid[proc.pid] = per_pid.get(proc.pid, 0) + int(used)
+                    per_pid[proc.pid] = per_pid.get(proc.pid, 0) + int(proc.usedGpuMemory or 0)
         except nvml.NVMLError:
-            return gpus, per_pid
-        return gpus, per_pid
+            return gpus, per_gpu
+        return gpus, per_gpu
 
 
 def generation_tokens(text: str) -> float | None:
@@ -176,12 +203,22 @@ class Samplers:
         """(events to publish, metric values); ``scrape`` maps name -> its endpoint."""
         events: list[Event] = []
         values: dict[str, float] = {}
-        gpus, gpu_by_pid = self._gpus.sample()
-        events.extend(gpus)
+        gpus, per_gpu = self._gpus.sample()
+        trees = self._trees.sample(children)
+        holders = gpu_holders(
+            per_gpu,
+            {name: pids for name, (_, _, pids) in trees.items()},
+            {name: pinned_gpus(child.spec.env) for name, child in children.items()},
+        )
         for gpu in gpus:
+            events.append(dataclasses.replace(gpu, holders=holders.get(gpu.index, ())))
             values[f"gpu/{gpu.index}/memory_used_bytes"] = gpu.memory_used_bytes
             values[f"gpu/{gpu.index}/utilization_percent"] = gpu.utilization_percent
-        for name, (cpu, rss, pids) in self._trees.sample(children).items():
+        gpu_by_pid: dict[int, int] = {}
+        for per_pid in per_gpu.values():
+            for pid, used in per_pid.items():
+                gpu_by_pid[pid] = gpu_by_pid.get(pid, 0) + used
+        for name, (cpu, rss, pids) in trees.items():
             gpu_memory = sum(gpu_by_pid.get(pid, 0) for pid in pids) if gpus else None
             events.append(
                 ResourceSample(

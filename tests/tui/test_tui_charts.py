@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from rich.console import Console
 from rich.text import Text
 from textual_hires_canvas import Canvas
 
@@ -12,6 +13,7 @@ from grpo_tui.app import GrpoTuiApp
 from grpo_tui.run_state import RunState
 from grpo_tui.screens.dashboard import DashboardScreen
 from grpo_tui.supervisor.events import GpuSample, MetricsRecord, ResourceSample
+from grpo_tui.widgets.gpu_table import GpuTable, gpu_table
 from grpo_tui.widgets.metric_chart import MetricChart, Plot
 
 T0 = 1_800_000_000.0
@@ -85,3 +87,38 @@ async def test_memory_chart_has_one_unit_gpu_memory_or_rss() -> None:
     charts = await draw(state)
     assert charts["memory"][0] == "GPU memory: 0 12.5 GB"
     assert "MB" not in charts["memory"][0]
+
+
+async def test_gpu_table_shows_holders_memory_and_utilisation_and_hides_without_gpus() -> None:
+    state = RunState("gpus", started_at=T0)
+    app = GrpoTuiApp(state, clock=lambda: T0 + 5, keymap_path=Path("/nonexistent/keymap"))
+    async with app.run_test(size=SIZE) as pilot:
+        dashboard = app.screen
+        assert isinstance(dashboard, DashboardScreen)
+        table = dashboard.query_one(GpuTable)
+        dashboard.redraw()
+        await pilot.pause()
+        assert not table.display, "no GPU sampled: no GPU table"
+        for index, holders in enumerate([("trainer",), ("trainer",), ("inference",), ()]):
+            state.apply(
+                GpuSample(
+                    t=T0 + 1,
+                    index=index,
+                    name="H200",
+                    memory_used_bytes=(index + 1) * 10_000_000_000,
+                    memory_total_bytes=140_000_000_000,
+                    utilization_percent=25.0 * index,
+                    holders=holders,
+                )
+            )
+        dashboard.redraw()
+        await pilot.pause()
+        assert table.display
+        assert table.region.height == 2 + 2, "four GPUs: two lines, two per line, and a border"
+    console = Console(width=150, record=True)
+    console.print(gpu_table(state.gpus))
+    lines = [line.split() for line in console.export_text().splitlines()]
+    assert lines[0][:5] == ["GPU", "0", "trainer", "10.0/140", "GB"]
+    assert lines[0][6:11] == ["GPU", "1", "trainer", "20.0/140", "GB"]
+    assert lines[1][:6] == ["GPU", "2", "inference", "30.0/140", "GB", "50%"]
+    assert lines[1][6:9] == ["GPU", "3", "-"]
