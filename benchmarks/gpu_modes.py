@@ -84,6 +84,16 @@ TINY_SHAPE = {
 """The quickstart's model: for CPU cells (--quick, and built-in shared weights on CPU)."""
 
 
+LAYOUTS = {
+    "same": "every process on GPU 0 (`shared_vllm` zero-copy through CUDA IPC)",
+    "split": "**split**: the trainer on GPU 0, vLLM alone on GPU 1 (`shared_vllm` syncs by "
+    "vLLM's NCCL weight transfer)",
+    "fsdp2": "**fsdp2**: a 2-rank FSDP2 trainer (torchrun) on GPUs 0 and 1, vLLM on GPU 1 "
+    "beside rank 1 (`shared_vllm`: rank 0 sends over NCCL)",
+}
+TRAINER_GPUS = {"split": [0], "fsdp2": [0, 1]}
+
+
 @dataclass(frozen=True)
 class Cell:
     """One (backend, mode) run and the settings it runs with."""
@@ -202,7 +212,7 @@ def profile_for(
         "max_lora_rank": 16,
     }
     if cell.backend == "vllm":
-        if args.layout == "split":  # trainer on GPU 0, vLLM alone on GPU 1
+        if args.layout != "same":  # vLLM on GPU 1, alone (split) or beside rank 1 (fsdp2)
             inference["gpus"] = [1]
             if cell.mode == "shared_vllm":
                 inference["weight_transfer"] = "nccl"
@@ -217,7 +227,7 @@ def profile_for(
     else:
         inference["device"] = cell.device
     trainer: dict[str, Any] = {
-        **({"gpus": [0]} if args.layout == "split" else {}),
+        **({"gpus": TRAINER_GPUS[args.layout]} if args.layout != "same" else {}),
         "device": cell.device,
         "dtype": cell.dtype,
         "lr": cell.lr,
@@ -759,13 +769,7 @@ def markdown(
         f"{info['transformers']}, vLLM {info['vllm']}, peft {info['peft']}",
         f"- model: random Qwen2 {shape} ({params / 1e6:.1f} M parameters, "
         f"{weight_bytes / MIB:.1f} MiB per copy in {args.dtype}), 44-token char tokenizer",
-        "- layout: "
-        + (
-            "**split**: the trainer on GPU 0, vLLM alone on GPU 1 (`shared_vllm` syncs by "
-            "vLLM's NCCL weight transfer)"
-            if args.layout == "split"
-            else "every process on GPU 0 (`shared_vllm` zero-copy through CUDA IPC)"
-        ),
+        f"- layout: {LAYOUTS[args.layout]}",
         f"- run: `grpo-tui run` headless per cell, toy task, {args.prompts} prompts x group "
         f"{args.group_size} per step; sync every step (lora_only, shared_vllm) or every "
         f"{args.restart_sync_every} steps (none, lora_restart); AdamW, lr per cell below "
@@ -790,7 +794,7 @@ def markdown(
         "Seed figures (Atropos example trainer): shared ~0 ms, LoRA hot-swap 1-5 s, restart "
         "30-60 s; 172 / 108 / 13 tok/s for shared / lora_restart / lora_only.",
         "",
-        *memory_proof(results, weight_bytes),
+        *(memory_proof(results, weight_bytes) if args.layout == "same" else []),
         "",
         *orphan_lines(orphan),
         "",
@@ -921,10 +925,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda")
     parser.add_argument(
         "--layout",
-        choices=["same", "split"],
+        choices=["same", "split", "fsdp2"],
         default="same",
         help="same: every process on GPU 0; split: the trainer on GPU 0 and vLLM alone on "
-        "GPU 1 (shared_vllm over NCCL); vLLM cells only",
+        "GPU 1 (shared_vllm over NCCL); fsdp2: a 2-rank FSDP2 trainer on GPUs 0 and 1 "
+        "(torchrun), vLLM on GPU 1 beside rank 1; split and fsdp2 run vLLM cells only",
     )
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--quick", action="store_true", help="tiny model, few steps (CPU check)")
@@ -957,7 +962,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.restart_sync_every = args.restart_sync_every or (4 if quick else 10)
     if quick:
         args.dtype = "float32" if args.device == "cpu" else args.dtype
-    if args.layout == "split":
+    if args.layout != "same":
         args.backends = ["vllm"]
     return args
 
