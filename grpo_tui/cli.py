@@ -49,7 +49,10 @@ ModeOption = Annotated[
     str | None,
     typer.Option(
         "--mode",
-        help="Weight-sync mode, overriding run.mode: none, shared_vllm, lora_only, lora_restart.",
+        help=(
+            "Weight-sync mode, overriding run.mode: none, shared_vllm, lora_only, "
+            "lora_restart, colocate."
+        ),
     ),
 ]
 

@@ -259,6 +259,9 @@ class RoleLayer:
             wiring["api_token"] = api.token.get_secret_value()
         skip = {*TRAINER_WIRED, *TRAINER_ROLE_KEYS}
         table = {k: v for k, v in self._tables["trainer"].items() if k not in skip}
+        if self.mode == "colocate":
+            # The engine sleeps through every step: it must wake on fresh weights each time.
+            table.update(sync_every=1, max_sync_lag=0)
         return TrainerConfig.model_validate({**defaults, **table, **wiring})
 
     def specs(self) -> tuple[list[ProcessSpec], dict[str, KeyPath]]:

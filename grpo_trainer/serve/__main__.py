@@ -85,6 +85,11 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="share parameters with the trainer: a memory-mapped file in DIR (CPU), CUDA IPC (GPU)",
     )
+    parser.add_argument(
+        "--enable-sleep-mode",
+        action="store_true",
+        help="serve /sleep, /wake_up and /is_sleeping (colocate: the trainer shares the device)",
+    )
     return parser
 
 
@@ -134,6 +139,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
         model_path=args.model,
         max_num_seqs=args.max_num_seqs,
         shared_weights=args.shared_weights,
+        enable_sleep_mode=args.enable_sleep_mode,
     )
 
 

@@ -29,6 +29,8 @@ from grpo_trainer.serve.protocol import (
     UnloadLoraRequest,
 )
 from grpo_trainer.serve.sampling import SamplingParams
+from grpo_trainer.serve.sleep import SleepError, SleepState
+from grpo_trainer.serve.sleep import attach_router as attach_sleep_routes
 
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
 
@@ -73,8 +75,10 @@ class ServerState:
         model_path: str,
         max_num_seqs: int,
         shared_weights: Path | None = None,
+        enable_sleep_mode: bool = False,
     ) -> None:
         self.engine = engine
+        self.sleep = SleepState(engine.device, enabled=enable_sleep_mode)
         self.shared_weights = shared_weights
         self.served_model_name = served_model_name
         self.model_path = model_path
@@ -263,6 +267,10 @@ def create_app(state: ServerState) -> FastAPI:
     async def _adapter_error(_: Request, error: AdapterError) -> JSONResponse:
         return error_response(str(error), error.status)
 
+    @app.exception_handler(SleepError)
+    async def _sleep_error(_: Request, error: SleepError) -> JSONResponse:
+        return error_response(str(error), 400)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, error: RequestValidationError) -> JSONResponse:
         return error_response(_validation_message(error), 400)
@@ -292,7 +300,8 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest) -> dict[str, Any]:
-        return await _complete(state, request)
+        async with state.sleep.admit():
+            return await _complete(state, request)
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
@@ -364,4 +373,5 @@ def create_app(state: ServerState) -> FastAPI:
     async def reset_prefix_cache() -> Response:
         return Response(status_code=200)
 
+    attach_sleep_routes(app, state.sleep)
     return app

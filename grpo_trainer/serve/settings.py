@@ -13,13 +13,16 @@ from __future__ import annotations
 
 import json
 import sys
+import typing
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 Backend = Literal["builtin", "vllm"]
-Mode = Literal["none", "shared_vllm", "lora_only", "lora_restart"]
+Mode = Literal["none", "shared_vllm", "lora_only", "lora_restart", "colocate"]
 LORA_MODES: tuple[str, ...] = ("lora_only", "lora_restart")
+SHARED_MODES: tuple[str, ...] = ("shared_vllm", "colocate")
+"""Modes where the built-in server's weights are the trainer's (``--shared-weights``)."""
 VLLM_WORKER_EXTENSION = "grpo_trainer.sync.vllm_worker.SharedWeightsExtension"
 
 
@@ -144,9 +147,9 @@ def inference_command(
     """The command that serves ``model`` (plus ``adapter`` in LoRA modes) for sync ``mode``.
 
     Raises ``ValueError`` naming the problem for an unknown mode, an adapter outside the
-    LoRA modes, or the built-in ``shared_vllm`` mode without a ``shared_dir``.
+    LoRA modes, or the built-in ``shared_vllm`` / ``colocate`` mode without a ``shared_dir``.
     """
-    if mode not in ("none", "shared_vllm", *LORA_MODES):
+    if mode not in typing.get_args(Mode):
         raise ValueError(f"unknown weight-sync mode {mode!r}")
     if adapter is not None and mode not in LORA_MODES:
         raise ValueError(f"an adapter is only served in LoRA modes, not in {mode!r}")
@@ -197,10 +200,12 @@ def _builtin_command(
         argv += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank)]
         if adapter is not None:
             argv += ["--lora-modules", f"{settings.served_model_name}={adapter}"]
-    if mode == "shared_vllm":
+    if mode in SHARED_MODES:
         if shared_dir is None:
-            raise ValueError("shared_vllm on the built-in backend needs shared_dir")
+            raise ValueError(f"{mode} on the built-in backend needs shared_dir")
         argv += ["--shared-weights", shared_dir]
+    if mode == "colocate":
+        argv.append("--enable-sleep-mode")
     return InferenceLaunch(argv=[*argv, *settings.extra_args], env={})
 
 
@@ -239,4 +244,11 @@ def _vllm_command(
             json.dumps({"backend": "nccl"}),
         ]
         env["VLLM_SERVER_DEV_MODE"] = "1"
+    if mode == "colocate":
+        # Sleep level 2 frees weights and KV cache while the trainer steps; the trainer then
+        # sends its weights by CUDA IPC (vLLM's native ``ipc`` weight transfer, pickled
+        # handles over HTTP) between ``/wake_up?tags=weights`` and ``?tags=kv_cache``.
+        argv += ["--enable-sleep-mode", "--weight-transfer-config", json.dumps({"backend": "ipc"})]
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     return InferenceLaunch(argv=[*argv, *settings.extra_args], env=env)

@@ -2,6 +2,8 @@
 
 The training loop calls, per optimizer step::
 
+    strategy.before_train_step()       # e.g. put inference to sleep (colocate)
+    forward / backward
     strategy.before_optimizer_step()   # e.g. pause generation (shared weights)
     optimizer.step()
     strategy.after_optimizer_step()    # e.g. resume generation
@@ -21,7 +23,7 @@ from typing import ClassVar
 
 from torch import nn
 
-MODES = ("none", "shared_vllm", "lora_only", "lora_restart")
+MODES = ("none", "shared_vllm", "lora_only", "lora_restart", "colocate")
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,9 @@ class WeightSync(ABC):
         """Prepare ``model`` for this mode before training starts; returns the model to train."""
         return model
 
+    def before_train_step(self) -> None:
+        """Called before the step's first forward pass."""
+
     def before_optimizer_step(self) -> None:
         """Called right before ``optimizer.step()``."""
 
@@ -66,6 +71,10 @@ class WeightSync(ABC):
     @abstractmethod
     def sync(self, model: nn.Module, step: int) -> SyncResult:
         """Make the inference server serve ``model`` as of ``step``; raise on failure."""
+
+    def phase_times(self) -> dict[str, float]:
+        """Seconds of this step's sync spent waking inference (``wake_s``), if any."""
+        return {}
 
     def close(self) -> None:
         """Release resources (sockets, shared memory handles)."""

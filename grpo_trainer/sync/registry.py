@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from grpo_trainer.control import SupervisorLink
 from grpo_trainer.sync.base import MODES, SyncContext, WeightSync
+from grpo_trainer.sync.colocate import ColocateSharedSync, VllmColocateSync
 from grpo_trainer.sync.lora_only import HotSwapSync
 from grpo_trainer.sync.lora_restart import AdapterRestartSync
 from grpo_trainer.sync.none import RestartSync
@@ -30,6 +31,10 @@ def make_strategy(
         return AdapterRestartSync(context, link=link)
     if mode == "lora_only":
         return HotSwapSync(context)
+    if mode == "colocate":
+        if context.backend == "builtin":
+            return ColocateSharedSync(context)
+        return VllmColocateSync(context)
     if context.backend == "builtin":
         return SharedFileSync(context)
     return VllmSharedSync(context)

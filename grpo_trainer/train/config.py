@@ -20,7 +20,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-WeightBridgeMode = Literal["none", "shared_vllm", "lora_only", "lora_restart"]
+WeightBridgeMode = Literal["none", "shared_vllm", "lora_only", "lora_restart", "colocate"]
 LORA_MODES: tuple[str, ...] = ("lora_only", "lora_restart")
 LossType = Literal["grpo", "dapo", "dr_grpo"]
 Optimizer = Literal["adamw", "adafactor", "adamw_8bit"]
@@ -166,6 +166,12 @@ class TrainerConfig(BaseModel):
             problems.append(
                 f"max_sync_lag {self.max_sync_lag} is below sync_every - 1 = "
                 f"{self.sync_every - 1}: every step between syncs would count as stale"
+            )
+        if self.weight_bridge_mode == "colocate" and (self.sync_every, self.max_sync_lag) != (1, 0):
+            problems.append(
+                f"colocate syncs after every step and never trains on a stale engine: "
+                f"sync_every must be 1 and max_sync_lag 0 (got {self.sync_every} and "
+                f"{self.max_sync_lag})"
             )
         if self.use_wandb and not self.wandb_project:
             problems.append("use_wandb needs wandb_project")

@@ -3,12 +3,13 @@
 Per optimizer step::
 
     batch = source.next_batch()                 # data_wait_time
+    sync.before_train_step()                    # colocate: inference sleeps
     for micro in batch: loss(micro).backward()  # grads sum to the full-batch loss
     clip grad norm; set lr (warm-up, constant/cosine)
     sync.before_optimizer_step(); optimizer.step(); sync.after_optimizer_step()
     source.done(batch)                          # ack the leased batch
     every sync_every steps: sync.sync(model, step)   (retried; bounded staleness)
-    report metrics; every checkpoint_interval steps: checkpoint + prune
+    report metrics (phase/<phase>_s: phases.py); every checkpoint_interval steps: checkpoint
 
 SIGTERM / SIGINT ask for a graceful stop: the current step finishes, a checkpoint is
 written, and ``run`` returns normally. So does a sync that the supervisor refuses because
@@ -40,6 +41,7 @@ from grpo_trainer.train.data import MicroBatch, StepBatch, build_step_batch, par
 from grpo_trainer.train.logprobs import chunked_token_logprobs
 from grpo_trainer.train.loss import LossOutput, LossSettings, policy_loss
 from grpo_trainer.train.optim import build_optimizer, lr_factor
+from grpo_trainer.train.phases import PhaseClock
 from grpo_trainer.train.reporter import Reporter
 from grpo_trainer.train.resume import ResumePoint
 from grpo_trainer.train.sources import BatchSource
@@ -142,6 +144,7 @@ class Trainer:
         print(READY_LINE, flush=True)
         if on_ready is not None:
             on_ready()
+        clock = PhaseClock(self.reporter.phase, self.step)
         try:
             while self.step < self.config.training_steps and not self.stop_requested:
                 wait_start = time.perf_counter()
@@ -156,10 +159,20 @@ class Trainer:
                     seq_len=self.config.seq_len,
                     pad_id=self.tokenizer.pad_token_id,
                 )
+                if self.strategy is not None:
+                    clock.enter("sleeping", self.step)
+                    self.strategy.before_train_step()
+                clock.enter("training", self.step)
                 metrics = self.train_step(batch)
                 self.source.done(leased, self.step)
                 metrics["data_wait_time"] = data_wait
+                clock.enter("syncing", self.step)
                 metrics.update(self._maybe_sync())
+                clock.enter("generating", self.step)
+                if self.strategy is not None:
+                    wake = self.strategy.phase_times().get("wake_s", 0.0)
+                    clock.move(wake, "syncing", "waking")
+                metrics.update(clock.take())
                 self.reporter.metrics(self.step, metrics)
                 interval = self.config.checkpoint_interval
                 if interval and self.step % interval == 0:
@@ -262,6 +275,7 @@ class Trainer:
         self.optimizer.step()
         if self.strategy is not None:
             self.strategy.after_optimizer_step()
+        self.optimizer.zero_grad(set_to_none=True)  # no gradients held while inference runs
         lag_base = self.step
         self.step += 1
         step_time = time.perf_counter() - started
@@ -351,6 +365,7 @@ class Trainer:
         if self.strategy is None or every == 0:
             return {}
         metrics: dict[str, float] = {}
+        failure = ""
         if self.step % every == 0:
             delay = 0.5
             for attempt in range(self.config.sync_retries + 1):
@@ -361,6 +376,7 @@ class Trainer:
                     self.stop_requested = True
                     return {}
                 except Exception as exc:  # a strategy may fail in many ways; all are retried
+                    failure = f" (last failure: {exc})"
                     self.reporter.event(
                         "warning",
                         f"weight sync at step {self.step} failed (attempt {attempt + 1}): {exc}",
@@ -380,7 +396,7 @@ class Trainer:
                 f"inference still serves step {self.last_synced_step} weights after step "
                 f"{self.step}: {stale} steps on stale weights is more than --max-sync-lag "
                 f"{self.config.max_sync_lag}; stopping (a checkpoint of step {self.step} "
-                "is written, resume with --resume auto)"
+                f"is written, resume with --resume auto){failure}"
             )
         metrics["policy_version"] = float(self.policy_version)
         return metrics

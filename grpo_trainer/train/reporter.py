@@ -70,6 +70,12 @@ class Reporter:
         if self.wandb_run is not None:
             self.wandb_run.log(data, step=step)
 
+    def phase(self, step: int, data: dict[str, float]) -> None:
+        """The device's phase as it changes (``phases.py``): live display only, so the
+        supervisor gets it and files keep one metrics record per step."""
+        if self.link is not None:
+            self.link.send_metrics(step, data)
+
     def event(self, level: str, message: str) -> None:
         """Something a person should see: stderr (the process log) and the event log."""
         print(f"[{level}] {message}", file=sys.stderr, flush=True)

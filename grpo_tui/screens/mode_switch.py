@@ -29,8 +29,9 @@ MODE_SUMMARIES: dict[str, str] = {
     "shared_vllm": "weights shared in memory, updated in place; generation paused per step",
     "lora_only": "LoRA adapter hot-loaded into the running server (/v1/load_lora_adapter)",
     "lora_restart": "LoRA adapter, inference restarted with it preloaded at each sync",
+    "colocate": "shared weights, one device time-shared: inference sleeps while the trainer steps",
 }
-"""The four weight-sync modes (the profile's ``run.mode`` values), in order, and what each does."""
+"""The five weight-sync modes (the profile's ``run.mode`` values), in order, and what each does."""
 
 PLAN = (
     "1. SIGTERM the trainer: it finishes its step, writes a checkpoint, exits 0",

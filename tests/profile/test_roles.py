@@ -257,3 +257,22 @@ def test_restart_modes_sync_every_few_steps_unless_the_profile_says(tmp_path: Pa
         config = TrainerConfig.from_argv(trainer.command[3:])
         assert config.weight_bridge_mode == mode
         assert config.sync_every == expected
+
+
+def test_colocate_syncs_every_step_and_never_trains_stale_whatever_the_profile(
+    tmp_path: Path,
+) -> None:
+    profile = tmp_path / "p.toml"
+    text = QUICKSTART.read_text().replace(
+        'device = "cpu"\n\n[[env]]', 'device = "cpu"\nsync_every = 3\nmax_sync_lag = 4\n\n[[env]]'
+    )
+    profile.write_text(text)
+    plan = plan_for(profile, tmp_path / "run", mode="colocate")
+    specs = {s.name: s for s in plan.specs}
+    config = TrainerConfig.from_argv(specs["trainer"].command[3:])
+    assert (config.weight_bridge_mode, config.sync_every, config.max_sync_lag) == ("colocate", 1, 0)
+    assert "--enable-sleep-mode" in specs["inference"].command
+    assert "--shared-weights" in specs["inference"].command
+    # the same profile's own cadence holds in the other modes
+    other = TrainerConfig.from_argv(plan.respec("trainer", {"mode": "lora_only"}).command[3:])
+    assert (other.sync_every, other.max_sync_lag) == (3, 4)

@@ -16,7 +16,7 @@ from grpo_trainer.serve.settings import (
     inference_command,
 )
 
-MODES = ("none", "lora_only", "lora_restart", "shared_vllm")
+MODES = ("none", "lora_only", "lora_restart", "shared_vllm", "colocate")
 
 
 def flag(argv: list[str], name: str) -> str:
@@ -83,6 +83,17 @@ def test_vllm_shared_mode_uses_dev_mode_and_the_worker_extension() -> None:
     assert launch.env == {"VLLM_SERVER_DEV_MODE": "1"}
 
 
+def test_vllm_colocate_sleeps_and_takes_weights_by_ipc() -> None:
+    """vLLM 0.24's sleep takes the weights too: the trainer sends its own by CUDA IPC."""
+    launch = inference_command(
+        InferenceSettings(backend="vllm", gpu_memory_utilization=0.4), mode="colocate", model="M"
+    )
+    assert "--enable-sleep-mode" in launch.argv
+    assert json.loads(flag(launch.argv, "--weight-transfer-config")) == {"backend": "ipc"}
+    assert "--worker-extension-cls" not in launch.argv
+    assert launch.env == {"VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_INSECURE_SERIALIZATION": "1"}
+
+
 def test_worker_extension_path_names_a_real_class() -> None:
     module, _, name = VLLM_WORKER_EXTENSION.rpartition(".")
     code = f"import {module} as m, sys; sys.exit(0 if hasattr(m, {name!r}) else 1)"
@@ -102,7 +113,8 @@ def test_builtin_argv_parses_with_the_servers_own_parser(mode: str) -> None:
     assert args.max_model_len == 128
     assert args.enable_lora == mode.startswith("lora")
     assert args.lora_modules == ([("policy", "/ck/a")] if adapter else [])
-    assert (args.shared_weights is not None) == (mode == "shared_vllm")
+    assert (args.shared_weights is not None) == (mode in ("shared_vllm", "colocate"))
+    assert args.enable_sleep_mode == (mode == "colocate")
     expected = "policy-base" if mode.startswith("lora") else "policy"
     assert args.served_model_name == expected
 

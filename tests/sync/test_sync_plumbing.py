@@ -11,6 +11,7 @@ from sync_helpers import free_port
 from grpo_trainer.models import build_tiny_model, load_model
 from grpo_trainer.sync.base import MODES, SyncContext
 from grpo_trainer.sync.client import InferenceClient, SyncError
+from grpo_trainer.sync.colocate import ColocateSharedSync, VllmColocateSync
 from grpo_trainer.sync.lora_only import HotSwapSync
 from grpo_trainer.sync.registry import make_strategy
 from grpo_trainer.sync.shared import SharedFileSync
@@ -108,11 +109,13 @@ def test_registry_picks_one_strategy_per_mode_and_backend(monkeypatch, tmp_path:
     assert isinstance(make_strategy("shared_vllm", context), SharedFileSync)
     vllm = SyncContext("http://127.0.0.1:1", "policy", tmp_path, "vllm")
     assert isinstance(make_strategy("shared_vllm", vllm), VllmSharedSync)
+    assert isinstance(make_strategy("colocate", context), ColocateSharedSync)
+    assert isinstance(make_strategy("colocate", vllm), VllmColocateSync)
     with pytest.raises(ValueError, match="unknown weight-sync mode"):
         make_strategy("legacy", context)
     with pytest.raises(ValueError, match="backend"):
         make_strategy("lora_only", SyncContext("u", "p", tmp_path, "sglang"))
-    assert set(MODES) == {"none", "lora_only", "lora_restart", "shared_vllm"}
+    assert set(MODES) == {"none", "lora_only", "lora_restart", "shared_vllm", "colocate"}
 
 
 def test_lora_modes_refuse_a_full_model(tmp_path: Path) -> None:

@@ -129,3 +129,14 @@ def test_cpu_threads_default_to_one_on_cpu_and_stay_torchs_on_gpu() -> None:
     assert "--cpu-threads" not in TrainerConfig(model_name="m").to_argv()
     with pytest.raises(ConfigError, match="--cpu-threads"):
         TrainerConfig.from_argv(["--model-name", "m", "--cpu-threads", "-1"])
+
+
+def test_colocate_refuses_a_sync_cadence_that_could_train_on_a_sleeping_engine() -> None:
+    with pytest.raises(ConfigError, match="colocate syncs after every step"):
+        TrainerConfig.from_argv(
+            ["--model-name", "m", "--weight-bridge-mode", "colocate", "--sync-every", "2"]
+        )
+    config = TrainerConfig.from_argv(
+        ["--model-name", "m", "--weight-bridge-mode", "colocate", "--max-sync-lag", "0"]
+    )
+    assert (config.sync_every, config.max_sync_lag) == (1, 0)

@@ -17,6 +17,7 @@ import pytest
 from train_helpers import REPO, make_groups, tiny_model, trainer_command, trainer_env, write_groups
 
 from grpo_trainer.control import ControlError, SupervisorLink
+from grpo_trainer.train.phases import PHASES
 
 
 class SocketServer:
@@ -69,7 +70,17 @@ class SocketServer:
                     conn.sendall(json.dumps(reply).encode() + b"\n")
 
     def steps(self) -> list[int]:
-        return [r["step"] for r in list(self.records) if r["type"] == "metrics"]
+        """Steps of the per-step records (the live ``phase/current`` records carry no loss)."""
+        return [
+            r["step"] for r in list(self.records) if r["type"] == "metrics" and "loss" in r["data"]
+        ]
+
+    def phases(self) -> list[float]:
+        return [
+            r["data"]["phase/current"]
+            for r in list(self.records)
+            if r["type"] == "metrics" and "phase/current" in r["data"]
+        ]
 
     def close(self) -> None:
         self.listener.close()
@@ -206,8 +217,14 @@ def test_metrics_reach_socket_and_file_and_survive_socket_death(
         "entropy",
         "completion_len/mean",
         "data_wait_time",
+        "phase/generating_s",
+        "phase/training_s",
+        "phase/syncing_s",
     }
     assert wanted <= set(file_records[0]["data"])
+    # the device's phase went live to the supervisor: generating, training, syncing, ...
+    generating, training, syncing = (PHASES.index(p) for p in ("generating", "training", "syncing"))
+    assert servers[0].phases()[:4] == [generating, training, syncing, generating]
     assert file_records[0]["data"]["off_policy_lag"] == 0
     assert file_records[-1]["data"]["off_policy_lag"] == 7
     assert servers[1].records[0]["type"] == "hello"  # reconnected to the new server
