@@ -291,11 +291,15 @@ class Supervisor:
         """Trainer checkpoints and exits, inference restarts in ``mode``, trainer resumes.
 
         Environments and the API keep running, so the rollout queue is kept. The trainer is
-        stopped holding only its own lock, as dependents are in ``restart``.
+        stopped holding only its own lock, as dependents are in ``restart``. The trainer's
+        new spec is built first, so that a mode the run cannot use (``respec`` raises) is
+        refused before anything stops; inference's is built once the trainer has saved,
+        to serve its newest checkpoint.
         """
         trainer = self._by_role("trainer")
         inference = self._by_role("inference")
         self._refuse_if_closing(inference)
+        trainer_spec = self._respec(trainer, {"mode": mode})
         note = self._notice
         note(f"switching to mode {mode}: stopping {trainer} (it checkpoints first)")
         await self.stop(trainer)
@@ -303,8 +307,8 @@ class Supervisor:
             await self._stop(self._entries[trainer])
             note(f"stopping {inference}")
             await self._stop(self._entries[inference])
-            for name in (inference, trainer):
-                self._replace_spec(self._entries[name], self._respec(name, {"mode": mode}))
+            self._replace_spec(self._entries[inference], self._respec(inference, {"mode": mode}))
+            self._replace_spec(self._entries[trainer], trainer_spec)
             note(f"starting {inference} in mode {mode}")
             await self._start(self._entries[inference])
         await self.wait_ready(inference)

@@ -315,10 +315,35 @@ async def test_switch_mode_restarts_inference_then_trainer_keeping_the_rest(supe
     await h.state("trainer", State.READY)
     env_pid = h.sup.status()["env"].pid
     await h.sup.switch_mode("lora_only")
-    assert calls == [("inference", {"mode": "lora_only"}), ("trainer", {"mode": "lora_only"})]
+    # the trainer's spec first (a mode the run cannot use is refused before any stop)
+    assert calls == [("trainer", {"mode": "lora_only"}), ("inference", {"mode": "lora_only"})]
     assert h.sup.recent_lines("trainer")[-1] == "ready lora_only"
     assert h.sup.status()["env"].pid == env_pid
     assert not h.run_task.done(), "stopping the trainer for a switch must not end the run"
     stopped = next(e for e in h.changes("trainer") if e.new == State.STOPPED).t
     restarted = [e for e in h.changes("inference") if e.new == State.STARTING][-1].t
     assert restarted > stopped
+
+
+async def test_switch_into_a_mode_the_run_cannot_use_stops_nothing(supervise) -> None:
+    sleeper = [sys.executable, "-c", "import time\nprint('ready', flush=True)\ntime.sleep(60)"]
+    ready = {"kind": "log_line", "pattern": "^ready"}
+
+    def respec(name: str, args: dict) -> object:
+        raise ValueError("inference.weight_transfer: is 'cuda_ipc', which needs ...")
+
+    h = supervise(
+        [
+            spec("inference", sleeper, role="inference", readiness=ready),
+            spec("trainer", sleeper, role="trainer", readiness=ready),
+        ],
+        respec=respec,
+    )
+    await h.state("trainer", State.READY)
+    await h.state("inference", State.READY)
+    before = {name: status.pid for name, status in h.sup.status().items()}
+    with pytest.raises(ValueError, match="weight_transfer"):
+        await h.sup.switch_mode("shared_vllm")
+    status = h.sup.status()
+    assert {name: s.pid for name, s in status.items()} == before
+    assert {s.state for s in status.values()} == {State.READY}
