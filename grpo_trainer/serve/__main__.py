@@ -75,7 +75,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="torch CPU threads; default 1 on cpu, torch's own on cuda; 0 = torch's own",
     )
     parser.add_argument("--max-model-len", type=int, default=None)
-    parser.add_argument("--max-num-seqs", type=int, default=256, help="largest n per request")
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=256, help="most sequences in one batch (and largest n)"
+    )
     parser.add_argument("--enable-lora", action="store_true")
     parser.add_argument("--max-lora-rank", type=int, default=16)
     parser.add_argument("--lora-modules", nargs="+", type=_lora_module, default=[])
@@ -132,6 +134,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
         max_model_len=max_model_len,
         adapters=adapters,
         seeds=start_seeds(args.seed),
+        max_batch_rows=args.max_num_seqs,
     )
     return ServerState(
         engine,

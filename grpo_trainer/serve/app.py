@@ -8,6 +8,7 @@ trainer have one client path for both backends. Errors use vLLM's body
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from pathlib import Path
@@ -216,23 +217,27 @@ async def _complete(state: ServerState, request: CompletionRequest) -> dict[str,
             )
     params = _sampling_params(request, max_tokens)
     engine = state.engine
-    choices = []
-    completion_tokens = 0
-    for p, ids in enumerate(prompts):
+
+    async def one(ids: list[int]) -> tuple[list[Sample], Any]:
         echo = None
         if request.echo:
             echo = await run_in_threadpool(
-                lambda ids=ids: engine.score(
+                lambda: engine.score(
                     ids,
                     temperature=request.temperature,
                     adapter=adapter,
                     top_logprobs=request.logprobs or 0,
                 )
             )
-        if max_tokens > 0:
-            samples = await run_in_threadpool(engine.generate, ids, params, adapter)
-        else:
-            samples = [Sample(finish_reason="length") for _ in range(request.n)]
+        if max_tokens == 0:
+            return [Sample(finish_reason="length") for _ in range(request.n)], echo
+        return await run_in_threadpool(engine.generate, ids, params, adapter), echo
+
+    # The prompts of one request go to the engine together, so they share a batch.
+    results = await asyncio.gather(*(one(ids) for ids in prompts))
+    choices = []
+    completion_tokens = 0
+    for p, (ids, (samples, echo)) in enumerate(zip(prompts, results, strict=True)):
         for i, sample in enumerate(samples):
             completion_tokens += len(sample.token_ids)
             choices.append(_choice(state, request, p * request.n + i, ids, sample, echo))

@@ -1,11 +1,16 @@
 """Batched sampling with a KV cache, returning the logprob of every sampled token.
 
-The ``n`` completions of one prompt are decoded as one batch: the prompt is run once per
-row, then one token per row per step through the model's KV cache. Requests run one at a
-time under a lock (the adapters and shared weights are per-model state); the generation
-gate lets the trainer pause between decode steps. See ``sampling.py`` for the logprob
-convention. A request without ``seed`` samples with the next seed of ``seeds``, a stream
-the server makes different at every start (``start_seeds`` in ``__main__``).
+Concurrent requests are decoded together: the scheduler (``scheduler.py``) hands the
+engine every request queued at once, whose prompts are left-padded into one batch (each
+prompt's ``n`` rows side by side, attention masked and positions counted from each row's
+first real token), run once, then one token per row per step through the model's KV
+cache. Each request samples its own rows with its own parameters and generator, and
+leaves the batch (its rows pruned from the cache) as soon as all its rows have finished.
+The adapters and shared weights are per-model state, so a batch runs under the engine
+lock with one adapter; the generation gate lets the trainer pause between decode steps.
+See ``sampling.py`` for the logprob convention. A request without ``seed`` samples with
+the next seed of ``seeds``, a stream the server makes different at every start
+(``start_seeds`` in ``__main__``).
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from grpo_trainer.serve.lora import AdapterSet
 from grpo_trainer.serve.pause import Aborted, GenerationGate
 from grpo_trainer.serve.sampling import SamplingParams, processed_logprobs, sample_next
+from grpo_trainer.serve.scheduler import BatchScheduler, Pending
+
+BATCH_WINDOW = 0.002
+"""Seconds an idle engine waits for more requests to join the first one's batch."""
 
 
 @dataclass
@@ -44,6 +53,20 @@ class EngineStats:
     finished: Counter[str] = field(default_factory=Counter)
 
 
+@dataclass(eq=False)
+class Generation:
+    """One request in a batch: its prompt, parameters, generator and samples so far."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    samples: list[Sample]
+    generator: torch.Generator | None = None
+
+    @property
+    def finished(self) -> bool:
+        return all(s.finish_reason is not None for s in self.samples)
+
+
 class Engine:
     """A causal LM that samples completions and scores prompts."""
 
@@ -55,6 +78,8 @@ class Engine:
         max_model_len: int,
         adapters: AdapterSet | None = None,
         seeds: random.Random | None = None,
+        max_batch_rows: int = 256,
+        batch_window: float = BATCH_WINDOW,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -62,10 +87,15 @@ class Engine:
         self.adapters = adapters
         self.device = next(model.parameters()).device
         self.vocab_size = int(model.get_input_embeddings().weight.shape[0])
+        pad = tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else tokenizer.eos_token_id or 0)
         self.lock = threading.Lock()
         self.gate = GenerationGate()
         self.stats = EngineStats()
         self.seeds = seeds or random.Random()
+        self.scheduler: BatchScheduler[Generation] = BatchScheduler(
+            self._run_batch, max_rows=max_batch_rows, window=batch_window
+        )
 
     def _generator(self, seed: int | None) -> torch.Generator:
         """A request's own ``seed`` reproduces its samples; else the next from ``seeds``."""
@@ -80,60 +110,124 @@ class Engine:
     def generate(
         self, prompt_ids: list[int], params: SamplingParams, adapter: str | None = None
     ) -> list[Sample]:
-        """Sample ``params.n`` completions of ``prompt_ids`` as one batch."""
-        with self.gate.admit(), self.lock:
-            self._activate(adapter)
-            samples = [Sample() for _ in range(params.n)]
+        """Sample ``params.n`` completions of ``prompt_ids``, batched with concurrent requests."""
+        with self.gate.admit():
+            generation = Generation(prompt_ids, params, [Sample() for _ in range(params.n)])
+            self.scheduler.submit(generation, adapter=adapter, rows=params.n).result()
+            return generation.samples
+
+    def _run_batch(self, batch: list[Pending[Generation]]) -> None:
+        """Decode one batch of requests (the scheduler's thread), resolving each when done."""
+        with self.lock:
+            self._activate(batch[0].adapter)
+            for pending in batch:
+                pending.item.generator = self._generator(pending.item.params.seed)
             try:
-                self._decode(prompt_ids, params, samples)
+                self._decode(batch)
             except Aborted:
-                for sample in samples:
-                    sample.finish_reason = sample.finish_reason or "abort"
-            for sample in samples:
-                sample.finish_reason = sample.finish_reason or "length"
-                if sample.finish_reason != "stop" or not isinstance(sample.stop_reason, str):
-                    sample.text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
-                self.stats.finished[sample.finish_reason] += 1
-            self.stats.prompt_tokens += len(prompt_ids)
-            self.stats.generation_tokens += sum(len(s.token_ids) for s in samples)
-            return samples
+                for pending in batch:
+                    for sample in pending.item.samples:
+                        sample.finish_reason = sample.finish_reason or "abort"
+            for pending in batch:
+                if not pending.future.done():
+                    self._finish(pending)
+
+    def _finish(self, pending: Pending[Generation]) -> None:
+        """Close a request's samples, count them and wake its caller."""
+        generation = pending.item
+        for sample in generation.samples:
+            sample.finish_reason = sample.finish_reason or "length"
+            if sample.finish_reason != "stop" or not isinstance(sample.stop_reason, str):
+                sample.text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+            self.stats.finished[sample.finish_reason] += 1
+        self.stats.prompt_tokens += len(generation.prompt_ids)
+        self.stats.generation_tokens += sum(len(s.token_ids) for s in generation.samples)
+        pending.future.set_result(None)
+
+    def _prefill_inputs(
+        self, batch: list[Pending[Generation]]
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Left-padded input ids, attention mask and position ids of every row."""
+        longest = max(len(p.item.prompt_ids) for p in batch)
+        ids, mask = [], []
+        for pending in batch:
+            prompt = pending.item.prompt_ids
+            pad = longest - len(prompt)
+            ids += [[self.pad_id] * pad + prompt] * pending.rows
+            mask += [[0] * pad + [1] * len(prompt)] * pending.rows
+        input_ids = torch.tensor(ids, device=self.device)
+        attention = torch.tensor(mask, device=self.device)
+        positions = (attention.cumsum(-1) - 1).clamp(min=0)
+        return input_ids, attention, positions
 
     @torch.inference_mode()
-    def _decode(self, prompt_ids: list[int], params: SamplingParams, samples: list[Sample]) -> None:
-        generator = self._generator(params.seed)
-        greedy = params.temperature == 0
+    def _decode(self, batch: list[Pending[Generation]]) -> None:
         eos = self.tokenizer.eos_token_id
-        input_ids = torch.tensor([prompt_ids] * params.n, device=self.device)
-        out = self.model(input_ids=input_ids, use_cache=True)
-        for _ in range(params.max_tokens):
+        input_ids, attention, positions = self._prefill_inputs(batch)
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention, position_ids=positions, use_cache=True
+        )
+        active = list(batch)
+        step = 0
+        while active:
             self.gate.checkpoint()
-            logprobs = processed_logprobs(
-                out.logits[:, -1, :],
-                temperature=params.temperature,
-                top_k=params.top_k,
-                top_p=params.top_p,
-            )
-            next_ids = sample_next(logprobs, greedy=greedy, generator=generator)
-            chosen = logprobs.gather(-1, next_ids[:, None]).squeeze(-1).tolist()
-            top = logprobs.topk(params.top_logprobs, dim=-1) if params.top_logprobs else None
-            for row, sample in enumerate(samples):
-                if sample.finish_reason is not None:
-                    continue
-                token = int(next_ids[row])
-                sample.token_ids.append(token)
-                sample.logprobs.append(chosen[row])
-                entry = {token: chosen[row]}
-                if top is not None:
-                    entry |= dict(
-                        zip(top.indices[row].tolist(), top.values[row].tolist(), strict=True)
-                    )
-                sample.top_logprobs.append(entry)
-                self._check_stop(sample, token, params, eos)
-            if all(s.finish_reason is not None for s in samples):
+            last = out.logits[:, -1, :]
+            next_ids = torch.empty(last.shape[0], dtype=torch.long, device=self.device)
+            row = 0
+            for pending in active:
+                rows = slice(row, row + pending.rows)
+                next_ids[rows] = self._sample(pending.item, last[rows], eos)
+                row += pending.rows
+            step += 1
+            keep = [p for p in active if not p.item.finished and step < p.item.params.max_tokens]
+            for pending in active:
+                if not any(pending is k for k in keep):
+                    self._finish(pending)
+            if not keep:
                 return
+            if len(keep) < len(active):
+                kept_rows, row = [], 0
+                for pending in active:
+                    if any(pending is k for k in keep):
+                        kept_rows += range(row, row + pending.rows)
+                    row += pending.rows
+                index = torch.tensor(kept_rows, device=self.device)
+                out.past_key_values.batch_select_indices(index)
+                next_ids, attention, positions = next_ids[index], attention[index], positions[index]
+                active = keep
+            attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=1)
+            positions = positions[:, -1:] + 1
             out = self.model(
-                input_ids=next_ids[:, None], past_key_values=out.past_key_values, use_cache=True
+                input_ids=next_ids[:, None],
+                attention_mask=attention,
+                position_ids=positions,
+                past_key_values=out.past_key_values,
+                use_cache=True,
             )
+
+    def _sample(self, generation: Generation, logits: torch.Tensor, eos: int) -> torch.Tensor:
+        """Sample the next token of each of ``generation``'s rows and record it."""
+        params = generation.params
+        logprobs = processed_logprobs(
+            logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
+        )
+        next_ids = sample_next(
+            logprobs, greedy=params.temperature == 0, generator=generation.generator
+        )
+        chosen = logprobs.gather(-1, next_ids[:, None]).squeeze(-1).tolist()
+        top = logprobs.topk(params.top_logprobs, dim=-1) if params.top_logprobs else None
+        for row, sample in enumerate(generation.samples):
+            if sample.finish_reason is not None:
+                continue
+            token = int(next_ids[row])
+            sample.token_ids.append(token)
+            sample.logprobs.append(chosen[row])
+            entry = {token: chosen[row]}
+            if top is not None:
+                entry |= dict(zip(top.indices[row].tolist(), top.values[row].tolist(), strict=True))
+            sample.top_logprobs.append(entry)
+            self._check_stop(sample, token, params, eos)
+        return next_ids
 
     def _check_stop(self, sample: Sample, token: int, params: SamplingParams, eos: int) -> None:
         if token in params.stop_token_ids:
