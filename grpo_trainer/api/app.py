@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import sqlite3
+import time
 import uuid
 from typing import Any
 
@@ -38,6 +39,8 @@ log = logging.getLogger("grpo_trainer.api")
 
 WAIT = {"status": "wait for trainer to start"}
 MAX_REPORTED_ERRORS = 10
+MAX_WAIT = 60.0
+"""Longest ``wait`` of a long-polled ``/batch`` or ``/status-env``, in seconds."""
 ENV_IDENTIFIER = TypeAdapter(EnvIdentifier)
 EMPTY_EXAMPLE = {
     "tokens": [],
@@ -262,6 +265,7 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
     @app.get("/batch")
     async def batch(
         lease: float | None = Query(None, gt=0, description="seconds to hold the batch"),
+        wait: float = Query(0, ge=0, le=MAX_WAIT, description="seconds to wait for a batch"),
     ) -> Response:
         if lease is not None and lease > settings.max_lease_seconds:
             raise HTTPException(
@@ -273,9 +277,12 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
             store.mark_started()
             return store.take_batch(reg["batch_size"], lease)
 
-        delivery = await db.call(take)
+        deadline = time.monotonic() + wait
+        while (delivery := await db.call(take)) is None and time.monotonic() < deadline:
+            await db.wait_for_change(deadline - time.monotonic())
         if delivery is None:
             return Response(b'{"batch":null}', media_type="application/json")
+        db.changed()
         if delivery.batch_id is None:
             db.purge_soon()
         parts = [b'{"batch":[', b",".join(delivery.payloads), b"]"]
@@ -293,6 +300,7 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
             raise HTTPException(
                 409, f"lease of batch {body.batch_id!r} expired; its groups went back to the queue"
             )
+        db.changed()
         db.purge_soon()
         return {"status": "success", "current_step": step}
 
@@ -311,7 +319,11 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
         return await db.call(read)
 
     @app.get("/status-env")
-    async def status_env(request: Request, env_id: int | None = None) -> dict[str, Any]:
+    async def status_env(
+        request: Request,
+        env_id: int | None = None,
+        wait: float = Query(0, ge=0, le=MAX_WAIT, description="seconds to wait for room"),
+    ) -> dict[str, Any]:
         if env_id is None:
             env_id = _parse(ENV_IDENTIFIER, await request.body()).env_id
 
@@ -342,7 +354,10 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
                 "pause": queued_batches >= settings.max_batches_offpolicy,
             }
 
-        return await db.call(read, env_id)
+        deadline = time.monotonic() + wait
+        while (answer := await db.call(read, env_id))["pause"] and time.monotonic() < deadline:
+            await db.wait_for_change(deadline - time.monotonic())
+        return answer
 
     @app.get("/latest_example")
     async def latest_example() -> Response:
@@ -353,6 +368,7 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
     @app.get("/reset_data")
     async def reset_data() -> PlainTextResponse:
         dropped = await db.call(store.reset)
+        db.changed()
         latest.clear()
         log.warning("reset: queue, envs, registration and step cleared (%d groups)", dropped)
         return PlainTextResponse("Reset successful")

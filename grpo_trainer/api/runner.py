@@ -7,11 +7,17 @@ while SQLite writes and fsyncs (the sqlite3 module releases the GIL while it wor
 Group commit: groups posted while a commit is in flight wait together and go into the
 next transaction, so N concurrent posts cost one fsync, not N. Each poster still gets its
 answer only after the transaction holding its group has committed.
+
+Change signal: ``changed()`` wakes every ``wait_for_change`` caller; the app calls it
+after any change of the queue (groups committed, a batch taken or acked, a reset), which
+lets ``GET /batch?wait=`` and ``GET /status-env?wait=`` answer the moment their answer
+would differ instead of being polled.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
@@ -32,10 +38,21 @@ class StoreRunner:
         self._committing = False
         self._purge_due = False
         self._tasks: set[asyncio.Task[None]] = set()
+        self._change = asyncio.Event()
 
     async def call(self, fn: Callable[..., T], *args: object) -> T:
         """Run ``fn(*args)`` on the store's thread and return its result."""
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+
+    def changed(self) -> None:
+        """Wake everyone waiting for a queue change."""
+        self._change.set()
+        self._change = asyncio.Event()
+
+    async def wait_for_change(self, timeout: float) -> None:
+        """Return at the next ``changed()`` or after ``timeout`` seconds."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._change.wait(), timeout)
 
     async def add_groups(self, rows: list[Row]) -> None:
         """Queue ``rows``; returns once they are committed (sharing the commit with others)."""
@@ -61,6 +78,7 @@ class StoreRunner:
                 for _, done in taken:
                     if not done.done():  # a cancelled poster's groups are committed anyway
                         done.set_result(None)
+                self.changed()
         finally:
             self._committing = False
 

@@ -24,6 +24,7 @@ import contextlib
 import logging
 import math
 import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +48,8 @@ log = logging.getLogger("grpo_trainer.envs")
 
 READY_LINE = "grpo-env registered"
 ATROPOS_MAX_BATCHES_OFFPOLICY = 3
+LONG_POLL = 1.0
+"""Seconds ``/status-env`` may hold a full-queue answer (bounds how late a stop is seen)."""
 NOT_DELIVERED = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.WriteError)
 
 
@@ -237,11 +240,16 @@ class EnvRunner:
         if max_len > 0:
             self.max_token_len = max_len
 
-    async def _status(self) -> dict[str, Any] | None:
-        """``GET /status-env`` (JSON body on a GET, as Atropos does); None on failure."""
+    async def _status(self, wait: float = 0.0) -> dict[str, Any] | None:
+        """``GET /status-env`` (JSON body on a GET, as Atropos does); None on failure.
+
+        ``wait``: our API holds a paused answer up to that long, until the queue has room.
+        """
         seen = self._registrations
         try:
-            response = await self.api.request("GET", "/status-env", json={"env_id": self.env_id})
+            response = await self.api.request(
+                "GET", "/status-env", json={"env_id": self.env_id}, params={"wait": wait}
+            )
         except httpx.TransportError as exc:
             self._api_down(exc)
             return None
@@ -269,15 +277,22 @@ class EnvRunner:
         return queued >= ATROPOS_MAX_BATCHES_OFFPOLICY * self.batch_size
 
     async def _wait_for_room(self) -> int | None:
-        """Poll ``/status-env`` until the queue has room; returns the current step (None: stop)."""
+        """Ask ``/status-env`` until the queue has room; returns the current step (None: stop).
+
+        Our API answers a full queue once it has room (long poll, ``LONG_POLL`` at most); an
+        API that answers at once (Atropos) is polled every ``status_poll`` seconds.
+        """
         backoff = Backoff(first=self.status_poll, cap=5.0)
         while not self._stop.is_set():
-            status = await self._status()
+            asked = time.monotonic()
+            status = await self._status(wait=LONG_POLL)
             if status is not None:
                 full = self._queue_full(status)
                 self._note_pause(full, status)
                 if not full:
                     return self.current_step
+                if time.monotonic() - asked >= LONG_POLL:
+                    continue
             await self._sleep(self.status_poll if status is not None else backoff.next())
         return None
 
@@ -420,9 +435,12 @@ class EnvRunner:
 
     async def _attempt_group(self, inference_backoff: Backoff) -> bool:
         """Generate, score and post one group; True once it was posted (or may have been)."""
+        started = time.perf_counter()
         version = await self._wait_for_room()
         if version is None:
             return False
+        asked = time.perf_counter()
+        self.stats.timed("room", asked - started)
         prompt = self.task.sample(self.rng)
         prompt_ids = self.encode(prompt)
         try:
@@ -444,6 +462,7 @@ class EnvRunner:
             self._inference_up = True
             log.info("inference server reachable again at %s", self.connection.inference_url)
         inference_backoff.reset()
+        self.stats.timed("inference", time.perf_counter() - asked)
         scores = self._score(prompt, samples)
         if scores is None:
             return False
@@ -460,7 +479,10 @@ class EnvRunner:
         if group.equal_scores:
             self.stats.count("groups_dropped_equal_scores")
             return False
-        return await self._post(group)
+        posting = time.perf_counter()
+        posted = await self._post(group)
+        self.stats.timed("post", time.perf_counter() - posting)
+        return posted
 
     # ---- reporting and evaluation ----------------------------------------------------
 

@@ -2,7 +2,10 @@
 
 Counters are cumulative for the process's life; ``env/reward_mean`` is the mean score of
 every group scored since the previous report, dropped ones included (so it measures the
-policy, not the filter). Metric names follow docs/control-socket.md.
+policy, not the filter). ``env/latency/<stage>_s`` is the mean time one group spent in
+each stage since the previous report: ``room`` (waiting for the queue to have room),
+``inference`` (the completions request) and ``post`` (``/scored_data``). Metric names
+follow docs/control-socket.md.
 """
 
 from __future__ import annotations
@@ -31,10 +34,15 @@ class EnvStats:
     counts: Counter[str] = field(default_factory=Counter)
     error_kinds: Counter[str] = field(default_factory=Counter)
     _scores: list[float] = field(default_factory=list)
+    _latency: dict[str, list[float]] = field(default_factory=dict)
 
     def scored(self, scores: list[float]) -> None:
         """A group was scored (sent or dropped: the reward mean covers both)."""
         self._scores.extend(scores)
+
+    def timed(self, stage: str, seconds: float) -> None:
+        """One group spent ``seconds`` in ``stage`` (reported as a mean)."""
+        self._latency.setdefault(stage, []).append(seconds)
 
     def count(self, name: str) -> None:
         """Count one event of ``name`` (one of ``COUNTERS``)."""
@@ -58,6 +66,9 @@ class EnvStats:
         if self._scores:
             data["env/reward_mean"] = sum(self._scores) / len(self._scores)
             self._scores = []
+        for stage, values in self._latency.items():
+            data[f"env/latency/{stage}_s"] = sum(values) / len(values)
+        self._latency = {}
         return data
 
 

@@ -16,6 +16,9 @@ from typing import Any
 
 import httpx
 
+LONG_POLL = 1.0
+"""Seconds ``GET /batch`` may wait for a batch (bounds how late a stop request is seen)."""
+
 
 class ApiUnreachable(RuntimeError):
     """The API did not answer within the bounded wait at start."""
@@ -116,16 +119,20 @@ class ApiClient:
     def next_batch(self, should_stop: Callable[[], bool], poll: float = 0.05) -> LeasedBatch | None:
         """Block until the API hands out a batch; None when ``should_stop()`` turns true.
 
-        Empty queue: poll again (interval growing to 0.5 s). API down: retry with backoff up
+        Empty queue: ask again with ``wait`` (our API answers the moment a batch can be
+        cut, up to ``LONG_POLL`` seconds later); an API that answered sooner (Atropos has no
+        ``wait``) is polled at an interval growing to 0.5 s. API down: retry with backoff up
         to 5 s and register again with the current step once it is back.
         """
         delay = poll
         outage_since: float | None = None
+        params = {"lease": self.lease_seconds, "wait": LONG_POLL}
         while not should_stop():
+            asked = time.monotonic()
             try:
                 if self._needs_register:
                     self._post_register()
-                response = self.http.get("/batch", params={"lease": self.lease_seconds})
+                response = self.http.get("/batch", params=params)
                 if response.status_code >= 500:
                     raise _ServerError(f"{response.status_code} {response.text[:200]}")
             except (httpx.TransportError, _ServerError) as exc:
@@ -143,8 +150,9 @@ class ApiClient:
             batch = self._parse_batch(response)
             if batch is not None:
                 return batch
-            time.sleep(delay)
-            delay = min(delay * 1.5, 0.5)
+            if time.monotonic() - asked < LONG_POLL:
+                time.sleep(delay)
+                delay = min(delay * 1.5, 0.5)
         return None
 
     def _parse_batch(self, response: httpx.Response) -> LeasedBatch | None:
