@@ -31,6 +31,7 @@ from grpo_tui.driver import QuickEscapeDriver
 from grpo_tui.run_state import RunState
 from grpo_tui.screens.dashboard import DashboardScreen
 from grpo_tui.screens.help import HelpScreen
+from grpo_tui.screens.live_edit import LiveEditScreen
 from grpo_tui.screens.logs import LogsScreen
 from grpo_tui.screens.mode_switch import ModeSwitchScreen
 from grpo_tui.screens.quit_confirm import QuitConfirmScreen
@@ -52,6 +53,7 @@ MUTATING_ACTIONS = frozenset(
         "kill_process",
         "restart_inference",
         "switch_training_mode",
+        "live_edit",
         "process_action",
     }
 )
@@ -68,7 +70,14 @@ class KeymapError(ValueError):
 
 def binding_ids() -> set[str]:
     """Every binding id a keymap may name: the app's and each screen's."""
-    owners = (GrpoTuiApp, LogsScreen, HelpScreen, ModeSwitchScreen, QuitConfirmScreen)
+    owners = (
+        GrpoTuiApp,
+        LogsScreen,
+        HelpScreen,
+        ModeSwitchScreen,
+        LiveEditScreen,
+        QuitConfirmScreen,
+    )
     return {
         binding.id
         for owner in owners
@@ -122,6 +131,7 @@ class GrpoTuiApp(App[int]):
         Binding("K", "kill_process", "Kill", id="kill-process"),
         Binding("i", "restart_inference", "Restart inference", id="restart-inference"),
         Binding("m", "switch_training_mode", "Mode", id="switch-mode"),
+        Binding("e", "live_edit", "Edit", id="live-edit"),
         Binding("d", "show_dashboard", "Dashboard", id="show-dashboard"),
         Binding("l", "show_logs", "Logs", id="show-logs"),
         Binding("question_mark,f1", "help", "Help", id="help"),
@@ -299,6 +309,14 @@ class GrpoTuiApp(App[int]):
     def action_switch_training_mode(self) -> None:
         self.push_screen(ModeSwitchScreen(self.state.mode))
 
+    def action_live_edit(self) -> None:
+        def applied(result: dict[str, Any] | None) -> None:
+            if result:
+                values = ", ".join(f"{k}={v}" for k, v in result["values"].items())
+                self.notify(f"edited {values}: from the next step", timeout=6)
+
+        self.push_screen(LiveEditScreen(), applied)
+
     async def switch_training_mode(self, mode: str) -> None:
         """Run the supervisor's mode switch; the modal shows its progress."""
         assert self.supervisor is not None
@@ -376,7 +394,9 @@ def run_app(profile: Path | str | Profile, mode: str | None = None) -> int:
     loaded = load_profile(profile, mode=mode) if isinstance(profile, str | Path) else profile
     plan = build_plan(loaded)
     write_run_dir(plan)
-    supervisor = Supervisor(plan.specs, plan.run_dir, exit_with=plan.exit_with, respec=plan.respec)
+    supervisor = Supervisor(
+        plan.specs, plan.run_dir, exit_with=plan.exit_with, respec=plan.respec, editor=plan.edit
+    )
     app = GrpoTuiApp(RunState(plan.run_dir.name, mode=plan.roles.mode), supervisor=supervisor)
     result = app.run()
     return result if result is not None else app.return_code or 0

@@ -151,6 +151,46 @@ def view(
     raise typer.Exit(run_view(run_dir) or 0)
 
 
+@app.command()
+def edit(
+    run_dir: Annotated[Path, typer.Argument(help="The running run's directory.")],
+    assignments: Annotated[
+        list[str], typer.Argument(help="key=value, e.g. lr=3e-5 temperature=0.8 tis_cap=none")
+    ],
+) -> None:
+    """Change hyperparameters of a running run from each process's next step.
+
+    Editable: lr, lora_lr, beta, clip_eps, clip_eps_high, entropy_coef, tis_cap (trainer),
+    temperature (environments), max_batches_offpolicy (API). Validated like the profile.
+    """
+    from grpo_trainer.control import ControlError, SupervisorLink
+    from grpo_trainer.live_edits import parse_assignments
+
+    console = _err()
+    try:
+        values = parse_assignments(assignments)
+    except ValueError as error:
+        console.print(f"[bold red]error[/] {escape(str(error))}")
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    socket = run_dir / "control.sock"
+    if not socket.exists():
+        console.print(
+            f"[bold red]error[/] {escape(str(run_dir))}: no control socket (not running?)"
+        )
+        raise typer.Exit(EXIT_BAD_INPUT)
+    link = SupervisorLink(str(socket), process="grpo-tui edit")
+    try:
+        result = link.request("edit", args=values, timeout=30)
+    except ControlError as error:
+        console.print(f"[bold red]error[/] {escape(str(error))}")
+        refused = str(error).startswith("supervisor refused")
+        raise typer.Exit(EXIT_BAD_INPUT if refused else 1) from None
+    finally:
+        link.close()
+    applied = " ".join(f"{k}={v}" for k, v in result["values"].items())
+    print(f"edited {applied} -> {', '.join(result['processes'])} (from their next step)")
+
+
 def describe_probe(probe: HttpProbe | TcpProbe | ExecProbe | LogLineProbe | None) -> str:
     """A probe in one line: what it checks and how often."""
     if probe is None:

@@ -36,6 +36,11 @@ class ActionsProvider(Provider):
                 "restart the inference server",
             )
             yield (
+                "Edit hyperparameters",
+                app.action_live_edit,
+                "change lr, beta, clip, temperature ... from the next step",
+            )
+            yield (
                 "Switch weight-sync mode",
                 app.action_switch_training_mode,
                 f"open the mode switch ({', '.join(MODE_SUMMARIES)})",

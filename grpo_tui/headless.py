@@ -222,7 +222,11 @@ class HeadlessRun:
     async def run(self) -> int:
         run_dir = self.plan.run_dir
         supervisor = Supervisor(
-            self.plan.specs, run_dir, exit_with=self.plan.exit_with, respec=self.plan.respec
+            self.plan.specs,
+            run_dir,
+            exit_with=self.plan.exit_with,
+            respec=self.plan.respec,
+            editor=self.plan.edit,
         )
         self.console.print(
             f"[bold]grpo-tui run[/] {escape(str(self.plan.profile.path))} -> "

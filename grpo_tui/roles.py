@@ -11,6 +11,7 @@ mode switches. Torch-free: ``grpo-tui check`` goes through here.
 from __future__ import annotations
 
 import json
+import math
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from grpo_trainer.api.settings import TOKEN_ENV, ApiSettings
 from grpo_trainer.envs.settings import EnvSettings
+from grpo_trainer.live_edits import EDITABLE, record_edit, unknown_keys
 from grpo_trainer.serve.settings import LORA_MODES, InferenceSettings, Mode, inference_command
 from grpo_trainer.sync.restart import RESTART_MODES
 from grpo_trainer.train.config import TrainerConfig
@@ -489,6 +491,69 @@ class RoleLayer:
         elif args:
             raise ValueError(f"{name} takes no restart arguments, got {sorted(args)}")
 
+    def edit(self, values: Mapping[str, Any]) -> tuple[dict[str, Any], list[str]]:
+        """Validate a live edit like the profile, keep it for every restart and write the
+        values in force to the run directory (``grpo_trainer.live_edits``).
+
+        Returns (the values as the settings models parsed them, the processes they reach).
+        Raises ``ValueError`` naming the key and the reason; nothing changes then.
+        """
+        if not values:
+            raise ValueError(f"nothing to edit; editable: {', '.join(EDITABLE)}")
+        unknown = unknown_keys(values)
+        if unknown:
+            raise ValueError(f"not editable: {', '.join(unknown)}; editable: {', '.join(EDITABLE)}")
+        by_role: dict[str, dict[str, Any]] = {}
+        for key, value in values.items():
+            if isinstance(value, bool) or (isinstance(value, float) and not math.isfinite(value)):
+                raise ValueError(f"{key}: expected a finite number, got {value!r}")
+            by_role.setdefault(EDITABLE[key], {})[key] = value
+        names = [n for n in self.roles if _role_of(n) in by_role]
+        missing = sorted(set(by_role) - {_role_of(n) for n in names})
+        if missing:
+            raise ValueError(f"this run has no {' or '.join(missing)} to edit")
+        if "trainer" in by_role:
+            self._check_beta(by_role["trainer"])
+        saved = self._snapshot()
+        try:
+            for name in names:
+                self._apply(name, self.mode, dict(by_role[_role_of(name)]))
+            parsed = {key: self._in_force(key) for key in values}
+            record_edit(self.run_dir, parsed)
+        except ValidationError as error:
+            self._restore(saved)
+            raise ValueError(_edit_reasons(error)) from None
+        except OSError as error:
+            self._restore(saved)
+            raise ValueError(f"cannot record the edit in {self.run_dir}: {error}") from None
+        except ValueError:
+            self._restore(saved)
+            raise
+        return parsed, names
+
+    def _check_beta(self, args: Mapping[str, Any]) -> None:
+        """The KL reference model is loaded only by a trainer that starts with beta > 0."""
+        if "beta" not in args or self.mode in LORA_MODES:
+            return
+        try:
+            beta = float(args["beta"])
+        except (TypeError, ValueError):
+            return  # the settings model names the bad value
+        if beta > 0 and self.trainer_config().beta == 0:
+            raise ValueError(
+                f"beta: cannot go from 0 to {beta:g} while the trainer runs in mode {self.mode} "
+                "(its KL reference model is loaded only when it starts with beta > 0): "
+                "set [trainer] beta in the profile"
+            )
+
+    def _in_force(self, key: str) -> Any:
+        role = EDITABLE[key]
+        if role == "trainer":
+            return getattr(self.trainer_config(), key)
+        if role == "env":
+            return getattr(self._require(self.envs[0]), key)
+        return getattr(self._require(self.api), key)
+
     def _snapshot(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
@@ -545,6 +610,21 @@ class RoleLayer:
         return point.model_path, adapter
 
 
+def _role_of(name: str) -> str:
+    """The role of a role process (``env-1`` is an ``env``)."""
+    return "env" if name.startswith("env") else name
+
+
+def _edit_reasons(error: ValidationError) -> str:
+    """``key: reason (got value)`` for each error, as a refusal names them."""
+    return "; ".join(
+        f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']} (got {e.get('input')!r})"
+        if e["loc"]
+        else e["msg"].removeprefix("Value error, ")
+        for e in error.errors(include_url=False)
+    )
+
+
 def adapter_base(adapter: str) -> str | None:
     """The base model an adapter directory was trained on, if it records one.
 
@@ -584,6 +664,12 @@ class Plan:
         spec = ProcessSpec.model_validate({**current.model_dump(), **args})
         self.specs = [spec if s.name == name else s for s in self.specs]
         return spec
+
+    def edit(self, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, ProcessSpec]]:
+        """The supervisor's ``edit`` callback: a live edit validated, kept and written
+        (:meth:`RoleLayer.edit`); returns the values and the rebuilt specs it reaches."""
+        parsed, names = self.roles.edit(values)
+        return parsed, {name: self.roles.spec(name) for name in names}
 
 
 def build_plan(profile: Profile, run_dir: Path | None = None) -> Plan:

@@ -89,7 +89,7 @@ def test_servers_die_with_a_killed_test_run(tmp_path: Path, sig: signal.Signals)
         assert server.is_running()
         os.kill(inner.pid, sig)
         inner.wait(30)
-        gone, alive = psutil.wait_procs([server], timeout=30)
+        _, alive = psutil.wait_procs([server], timeout=30)
         assert not alive, f"the API server (pid {server.pid}) outlived the killed test run"
     finally:
         if inner.poll() is None:

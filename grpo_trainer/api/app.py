@@ -34,6 +34,7 @@ from grpo_trainer.api.schemas import (
 from grpo_trainer.api.security import TokenGuard
 from grpo_trainer.api.settings import ApiSettings
 from grpo_trainer.api.store import Delivery
+from grpo_trainer.live_edits import EditWatcher
 
 log = logging.getLogger("grpo_trainer.api")
 
@@ -318,6 +319,16 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
 
         return await db.call(read)
 
+    edits = EditWatcher.for_role("api")
+
+    def take_edits() -> None:
+        """The run's live edits (``grpo_trainer.live_edits``), validated by the supervisor."""
+        nonlocal settings
+        changed = edits.poll()
+        if changed:
+            log.info("live edit: %s", changed)
+            settings = settings.model_copy(update=changed)
+
     @app.get("/status-env")
     async def status_env(
         request: Request,
@@ -326,6 +337,7 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
     ) -> dict[str, Any]:
         if env_id is None:
             env_id = _parse(ENV_IDENTIFIER, await request.body()).env_id
+        take_edits()
 
         def read(env_id: int) -> dict[str, Any]:
             env = store.env(env_id)

@@ -43,6 +43,7 @@ from grpo_trainer.envs.settings import EnvSettings
 from grpo_trainer.envs.stats import EnvStats, Reporter
 from grpo_trainer.envs.task import Prompt, Task
 from grpo_trainer.envs.tokenizer import PromptTokenizer
+from grpo_trainer.live_edits import EditWatcher
 
 log = logging.getLogger("grpo_trainer.envs")
 
@@ -110,6 +111,7 @@ class EnvRunner:
         self.current_step = 0
         self.batch_size = 0
         self.max_token_len = settings.max_token_length
+        self.edits = EditWatcher.for_role("env")
         self._reserved = 0
         self._paused = False
         self._api_up = True
@@ -381,6 +383,18 @@ class EnvRunner:
             top_p=self.settings.top_p,
         )
 
+    def _take_edits(self) -> None:
+        """The run's live edits (``grpo_trainer.live_edits``) from the next group on; the
+        supervisor validated them with these settings' own model."""
+        changed = self.edits.poll()
+        if not changed:
+            return
+        new = {k: v for k, v in changed.items() if getattr(self.settings, k) != v}
+        if new:
+            changes = ", ".join(f"{k} {getattr(self.settings, k)} -> {v}" for k, v in new.items())
+            self.settings = self.settings.model_copy(update=new)
+            self.reporter.event(f"live edit from the next group: {changes}")
+
     def _score(self, prompt: Prompt, samples: list[Sample]) -> list[float] | None:
         """Score every sample; None (error counted) when the scorer raises or returns junk."""
         truncated_score = self.task.truncated_score
@@ -441,12 +455,12 @@ class EnvRunner:
             return False
         asked = time.perf_counter()
         self.stats.timed("room", asked - started)
+        self._take_edits()
+        sampling = self._sampling(self.settings.group_size)
         prompt = self.task.sample(self.rng)
         prompt_ids = self.encode(prompt)
         try:
-            samples = await complete(
-                self.inference, prompt_ids, self._sampling(self.settings.group_size)
-            )
+            samples = await complete(self.inference, prompt_ids, sampling)
         except InferenceUnavailable as exc:
             if exc.status is not None:
                 self.stats.error("inference_error", str(exc))
@@ -468,7 +482,7 @@ class EnvRunner:
             return False
         self.stats.scored(scores)
         group = build_group(
-            prompt_ids, samples, scores, temperature=self.settings.temperature,
+            prompt_ids, samples, scores, temperature=sampling.temperature,
             policy_version=version,
         )  # fmt: skip
         if group.longest > self.max_token_len:

@@ -85,6 +85,12 @@ class Reporter:
         if self.link is not None:
             self.link.send_metrics(step, data)
 
+    def event(self, message: str) -> None:
+        """Something a person should see in the supervisor's event log (and the log)."""
+        log.info("%s", message)
+        if self.link is not None:
+            self.link.send_event("info", message)
+
     def close(self) -> None:
         """Flush what is queued to the supervisor."""
         if self.link is not None:

@@ -25,9 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+from pydantic import ValidationError
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
+from grpo_trainer.live_edits import EditWatcher
 from grpo_trainer.sync.base import WeightSync
 from grpo_trainer.sync.restart import SupervisorStopping
 from grpo_trainer.train.checkpoint import (
@@ -121,14 +123,8 @@ class Trainer:
                 f"resuming at step {resume.step} from {resume.checkpoint} with fresh optimizer "
                 "state (the trained parameter set changed with the weight-sync mode)",
             )
-        self.loss_settings = LossSettings(
-            loss_type=config.loss_type,
-            clip_low=config.clip_eps,
-            clip_high=config.clip_high,
-            beta=config.beta,
-            tis_cap=config.tis_cap,
-            entropy_coef=config.entropy_coef,
-        )
+        self.loss_settings = loss_settings(config)
+        self.edits = EditWatcher.for_role("trainer")
         self.policy_version = self.step
         self.last_synced_step = self.step
         self.last_saved_step = self.step
@@ -152,6 +148,7 @@ class Trainer:
                 if leased is None:
                     break
                 data_wait = time.perf_counter() - wait_start
+                self.apply_edits()
                 groups = parse_groups(leased.groups)
                 batch = build_step_batch(
                     groups,
@@ -166,6 +163,7 @@ class Trainer:
                 metrics = self.train_step(batch)
                 self.source.done(leased, self.step)
                 metrics["data_wait_time"] = data_wait
+                metrics.update(self.hyperparameters())
                 clock.enter("syncing", self.step)
                 metrics.update(self._maybe_sync())
                 clock.enter("generating", self.step)
@@ -184,6 +182,49 @@ class Trainer:
             if self.strategy is not None:
                 self.strategy.close()
         return self.step
+
+    def apply_edits(self) -> None:
+        """Take the run's live edits (``grpo_trainer.live_edits``) from this step on.
+
+        Validated again here with the trainer's own config (the supervisor already did);
+        a value this process cannot take is refused with an error event, the rest applies.
+        """
+        changed = self.edits.poll()
+        if not changed:
+            return
+        current = self.config.model_dump()
+        new = {key: value for key, value in changed.items() if current.get(key) != value}
+        if new.get("beta") and self.reference is None and not self.config.is_lora:
+            self.reporter.event(
+                "error",
+                f"live edit beta={new.pop('beta')} refused: this trainer started with beta 0 "
+                "and loaded no KL reference model",
+            )
+        if not new:
+            return
+        try:
+            config = TrainerConfig.model_validate({**current, **new})
+        except ValidationError as exc:
+            self.reporter.event("error", f"live edit refused: {exc.errors()[0]['msg']}")
+            return
+        self.config = config
+        self.loss_settings = loss_settings(config)
+        changes = ", ".join(f"{key} {current[key]} -> {value}" for key, value in new.items())
+        self.reporter.event("info", f"live edit from step {self.step + 1}: {changes}")
+
+    def hyperparameters(self) -> dict[str, float]:
+        """The editable values in force at this step (``hparam/...`` metrics)."""
+        config = self.config
+        values = {
+            "hparam/lr": config.base_lr,
+            "hparam/beta": config.beta,
+            "hparam/clip_eps": config.clip_eps,
+            "hparam/clip_eps_high": config.clip_high,
+            "hparam/entropy_coef": config.entropy_coef,
+        }
+        if config.tis_cap is not None:
+            values["hparam/tis_cap"] = config.tis_cap
+        return values
 
     def checkpoint(self) -> None:
         """Save the current step and prune old checkpoints."""
@@ -400,6 +441,18 @@ class Trainer:
             )
         metrics["policy_version"] = float(self.policy_version)
         return metrics
+
+
+def loss_settings(config: TrainerConfig) -> LossSettings:
+    """The loss knobs of ``config``."""
+    return LossSettings(
+        loss_type=config.loss_type,
+        clip_low=config.clip_eps,
+        clip_high=config.clip_high,
+        beta=config.beta,
+        tis_cap=config.tis_cap,
+        entropy_coef=config.entropy_coef,
+    )
 
 
 def install_signal_handlers(trainer: Trainer) -> None:

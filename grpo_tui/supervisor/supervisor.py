@@ -49,6 +49,9 @@ SAMPLE_INTERVAL = 2.0
 ALIVE = {State.STARTING, State.RUNNING, State.READY, State.UNHEALTHY}
 
 Respec = Callable[[str, Mapping[str, Any]], ProcessSpec]
+Editor = Callable[[Mapping[str, Any]], tuple[dict[str, Any], dict[str, ProcessSpec]]]
+"""The role layer's live-edit callback: (values parsed, rebuilt specs of the processes
+they reach); raises ``ValueError`` with the reason for a refused edit."""
 
 
 @dataclass(frozen=True)
@@ -126,6 +129,7 @@ class Supervisor:
         *,
         exit_with: str | None = None,
         respec: Respec | None = None,
+        editor: Editor | None = None,
     ) -> None:
         self._order = graph.start_order(specs)
         if exit_with is not None and exit_with not in self._order:
@@ -134,6 +138,7 @@ class Supervisor:
         self.run_id = uuid.uuid4().hex
         self.exit_with = exit_with
         self.respec = respec
+        self.editor = editor
         self.metrics = MetricsStore()
         self._bus = EventBus()
         self._specs = {spec.name: spec for spec in specs}
@@ -507,6 +512,23 @@ class Supervisor:
             return
         self._replace_spec(entry, spec)
 
+    def edit(self, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Apply a live hyperparameter edit (see ``grpo_trainer.live_edits``).
+
+        The editor validates and records it; the processes it reaches keep it in their
+        specs for any restart, and read it themselves at their next step boundary.
+        Raises ``ValueError`` with the reason when it is refused.
+        """
+        if self.editor is None:
+            raise ValueError("this run takes no live edits")
+        parsed, specs = self.editor(values)
+        specs = {name: spec for name, spec in specs.items() if name in self._entries}
+        for name, spec in specs.items():
+            self._replace_spec(self._entries[name], spec)
+        text = ", ".join(f"{key}={value}" for key, value in parsed.items())
+        self._notice(f"live edit: {text} -> {', '.join(specs)} (from their next step)")
+        return {"values": parsed, "processes": list(specs)}
+
     def _replace_spec(self, entry: _Entry, spec: ProcessSpec) -> None:
         if spec != entry.spec:
             self._publish_plan(spec)
@@ -767,6 +789,8 @@ class Supervisor:
     ) -> dict[str, Any]:
         if action == "status":
             return {"processes": {name: str(s.state) for name, s in self.status().items()}}
+        if action == "edit":
+            return self.edit(args)
         if action == "restart":
             if target is None:
                 raise ValueError("restart needs a target process")
@@ -774,7 +798,7 @@ class Supervisor:
             await self.restart(name, args=args or None)
             status = self._status(self._entries[name])
             return {"process": name, "state": str(status.state), "pid": status.pid}
-        raise ValueError(f"unknown action {action!r} (known: restart, status)")
+        raise ValueError(f"unknown action {action!r} (known: edit, restart, status)")
 
     def _identify(self, pid: int) -> str | None:
         """Which process a control-socket peer belongs to (itself or a descendant)."""

@@ -79,7 +79,11 @@ def write_groups(path: Path, groups: list[dict], mode: str = "w") -> Path:
 
 
 def trainer_env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GRPO_TUI_")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("GRPO_TUI_") or k == "GRPO_TUI_RUN_ID"  # the test run's tag
+    }
     env.update({"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "OMP_NUM_THREADS": "1"})
     env.update(extra)
     return env
