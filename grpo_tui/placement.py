@@ -160,6 +160,14 @@ def _check_together(
             f"is required: inference.gpus is {_gpu_list(served.gpus)}, so say which GPUs the "
             "trainer runs on",
         )
+    if mode == "colocate" and trainer.gpus and served.gpus and trainer.gpus != served.gpus:
+        problem(
+            ("inference", "gpus"),
+            f"is {_gpu_list(served.gpus)}, but colocate runs inference on the trainer's own "
+            f"GPUs (it sleeps while the trainer steps): list trainer.gpus "
+            f"{_gpu_list(trainer.gpus)}",
+        )
+        return
     shared = sorted(set(trainer.gpus) & set(served.gpus))
     if shared and not may_share(mode, trainer.gpus, served.gpus):
         problem(

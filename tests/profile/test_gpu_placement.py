@@ -105,6 +105,14 @@ BAD = [
         "use weight_transfer = 'cuda_ipc'",
     ),
     ("cuda_visible_devices = '1'", "gpus = [0]", "none", "inference", "gpus = [0, 1]"),
+    ("gpus = [1]", "gpus = [0]", "colocate", "inference.gpus", "list trainer.gpus [0]"),
+    (
+        "gpus = [0, 1]\ntensor_parallel_size = 2\ngpu_memory_utilization = 0.4",
+        "gpus = [1, 0]",
+        "colocate",
+        "inference.gpus",
+        "the trainer's own GPUs",
+    ),
 ]
 
 
@@ -219,3 +227,10 @@ def test_mode_switch_into_a_layout_the_mode_cannot_use_is_refused(tmp_path: Path
     with pytest.raises(ValueError, match=r"inference\.weight_transfer"):
         plan.respec("trainer", {"mode": "shared_vllm"})
     assert plan.roles.mode == "none"
+
+
+def test_colocate_on_the_trainers_gpus_checks(tmp_path: Path) -> None:
+    path = write(tmp_path, "gpus = [0]\ngpu_memory_utilization = 0.4", "gpus = [0]", "colocate")
+    code, output = check(path)
+    assert code == 0, output
+    assert "gpus      trainer [0]; inference [0]" in output
