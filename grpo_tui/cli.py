@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from grpo_tui.cluster import Allocation, plan_lines
 from grpo_tui.profile import Profile, ProfileError, load_profile
 from grpo_tui.roles import Plan, build_plan
 from grpo_tui.supervisor.spec import ExecProbe, HttpProbe, LogLineProbe, ProcessSpec, TcpProbe
@@ -70,9 +71,47 @@ def _fail(error: ProfileError) -> typer.Exit:
     return typer.Exit(EXIT_BAD_INPUT)
 
 
-def _load(profile: Path, mode: str | None) -> tuple[Profile, Plan]:
+def _load(
+    profile: Path, mode: str | None, *, run_dir: Path | None = None, in_job: bool = False
+) -> tuple[Profile, Plan]:
+    """Load and plan a profile. ``in_job``: a cluster profile gets the current Slurm job's
+    nodes, and the command fails (exit 2) outside a job or on a smaller one."""
     loaded = load_profile(profile, mode=mode)
-    return loaded, build_plan(loaded)
+    allocation = None
+    if in_job and loaded.table("cluster") and loaded.data["cluster"].get("engine") == "slurm":
+        allocation = _current_allocation(loaded)
+    return loaded, build_plan(loaded, run_dir=run_dir, allocation=allocation)
+
+
+def _current_allocation(profile: Profile) -> Allocation:
+    where = ("cluster", "engine")
+    try:
+        allocation = Allocation.from_environment()
+    except (OSError, RuntimeError) as error:
+        problem = profile.problem(where, f"cannot read the Slurm job: {error}")
+        raise ProfileError([problem]) from None
+    if allocation is None:
+        raise ProfileError(
+            [
+                profile.problem(
+                    where,
+                    '"slurm" runs inside a Slurm job: submit it with `grpo-tui sbatch`, '
+                    "or run it under salloc",
+                )
+            ]
+        )
+    wanted = profile.data["cluster"].get("nodes", 1)
+    if isinstance(wanted, int) and len(allocation) < wanted:
+        raise ProfileError(
+            [
+                profile.problem(
+                    ("cluster", "nodes"),
+                    f"the profile needs {wanted} nodes but job {allocation.job_id} has "
+                    f"{len(allocation)} ({', '.join(allocation.names)})",
+                )
+            ]
+        )
+    return allocation
 
 
 def _default_profile(profile: Path | None) -> Path:
@@ -126,15 +165,48 @@ def run(
     logs: Annotated[
         bool, typer.Option("--logs", help="Echo the processes' output on the console.")
     ] = False,
+    run_dir: Annotated[
+        Path | None,
+        typer.Option("--run-dir", help="Run directory to create (default: output_dir/name-time)."),
+    ] = None,
 ) -> None:
     """Run a profile headless: supervise until the exit_with process ends, then shut down."""
     try:
-        _, plan = _load(profile, mode)
+        _, plan = _load(profile, mode, run_dir=run_dir and run_dir.resolve(), in_job=True)
     except ProfileError as error:
         raise _fail(error) from None
     from grpo_tui.headless import run_headless
 
     raise typer.Exit(run_headless(plan, json_lines=json_lines, echo_logs=logs))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def sbatch(
+    ctx: typer.Context,
+    profile: Annotated[Path, typer.Argument(help="Profile TOML with [cluster] engine = slurm.")],
+    mode: ModeOption = None,
+) -> None:
+    """Submit a cluster profile as a Slurm batch job; any further options go to sbatch."""
+    try:
+        loaded, plan = _load(profile, mode)
+        if not plan.roles.cluster.slurm:
+            raise ProfileError(
+                [loaded.problem(("cluster", "engine"), 'sbatch needs engine = "slurm"')]
+            )
+    except ProfileError as error:
+        raise _fail(error) from None
+    from grpo_tui.sbatch import batch_script, submit
+
+    script = batch_script(plan, profile, mode=mode, cwd=Path.cwd())
+    try:
+        path, job = submit(plan, script, ctx.args)
+    except (OSError, RuntimeError) as error:
+        _err().print(f"[bold red]error[/] sbatch: {escape(str(error))}")
+        raise typer.Exit(1) from None
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(f"submitted job {job}: {path}", markup=False)
+    console.print(f"run dir   {plan.run_dir} (once the job starts)", markup=False)
+    console.print(f"attach    grpo-tui attach {plan.run_dir}", markup=False)
 
 
 @app.command()
@@ -215,6 +287,10 @@ def _masked(command: list[str]) -> list[str]:
     ]
 
 
+def _secret(variable: str) -> bool:
+    return any(word in variable for word in ("TOKEN", "SECRET", "KEY"))
+
+
 def _describe_spec(index: int, spec: ProcessSpec) -> list[str]:
     deps = ", ".join(f"{name} ({dep.condition.value})" for name, dep in spec.depends_on.items())
     restart = spec.restart
@@ -233,7 +309,7 @@ def _describe_spec(index: int, spec: ProcessSpec) -> list[str]:
     if spec.port is not None:
         lines.append(f"   port:       {spec.port}")
     if spec.env:
-        shown = {k: "***" if "TOKEN" in k or "SECRET" in k else v for k, v in spec.env.items()}
+        shown = {k: "***" if _secret(k) else v for k, v in spec.env.items()}
         env = " ".join(f"{k}={shlex.quote(v)}" for k, v in shown.items())
         lines.append(f"   env:        {env}")
     if spec.cwd:
@@ -270,6 +346,13 @@ def print_plan(console: Console, profile: Profile, plan: Plan) -> None:
     gpus = describe_gpus(plan)
     if gpus:
         console.print(f"gpus      {gpus}", markup=False)
+    roles = plan.roles
+    if roles.cluster.slurm:
+        local = [s.name for s in plan.specs if s.slurm_step is None]
+        order = [s.name for s in plan.specs]
+        placed = sorted(roles.placements.values(), key=lambda p: order.index(p.process))
+        for line in plan_lines(roles.cluster, placed, roles.allocation, local):
+            console.print(line, markup=False)
     console.print(f"start order: {' -> '.join(s.name for s in plan.specs)}", markup=False)
     for index, spec in enumerate(plan.specs, start=1):
         console.print("\n".join(_describe_spec(index, spec)), markup=False, soft_wrap=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import sys
 import time
 from collections import deque
@@ -36,6 +37,8 @@ from grpo_tui.supervisor.events import (
     StateChanged,
 )
 from grpo_tui.supervisor.supervisor import Supervisor
+
+ALLOCATION_FILE = "allocation.json"
 
 METRICS_EVERY = 5.0
 """Seconds between metrics lines on the console."""
@@ -72,15 +75,33 @@ LEVEL_STYLES = {"info": "blue", "warning": "yellow", "error": "bold red"}
 
 
 def write_run_dir(plan: Plan) -> Path:
-    """Create the run directory and write the resolved profile (``profile.toml``) into it."""
+    """Create the run directory and write the resolved profile (``profile.toml``) into it.
+
+    On a cluster also ``allocation.json``: the job, its nodes and the supervisor's host,
+    which ``grpo-tui attach`` reads from a login node.
+    """
     run_dir = plan.run_dir
     run_dir.mkdir(parents=True, exist_ok=False)
+    if plan.roles.cluster.slurm:
+        (run_dir / ALLOCATION_FILE).write_text(json.dumps(allocation_record(plan), indent=1))
     header = (
         f"# Resolved from {plan.profile.path} by `grpo-tui run` on "
         f"{time.strftime('%Y-%m-%d %H:%M:%S')} (mode {plan.roles.mode}).\n"
     )
     (run_dir / "profile.toml").write_text(header + tomli_w.dumps(plan.profile.resolved()))
     return run_dir
+
+
+def allocation_record(plan: Plan) -> dict[str, Any]:
+    """Where a cluster run lives: job id, node names and addresses, supervisor host."""
+    allocation = plan.roles.allocation
+    return {
+        "job_id": allocation.job_id,
+        "nodes": list(allocation.names),
+        "addresses": list(allocation.addresses),
+        "supervisor_host": socket.gethostname(),
+        "supervisor_node": allocation.names[0],
+    }
 
 
 class ConsoleReport:

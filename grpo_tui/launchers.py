@@ -5,8 +5,10 @@ A role says *what* to run (the command line of one process, as it runs on one de
 :class:`Local` runs the command as it is; :class:`Torchrun` runs one rank per GPU under
 torch's own launcher (``python -m torch.distributed.run``), which forwards signals to every
 rank, prefixes each rank's lines and takes the whole group down when one rank fails. A
-launcher for other hosts (Slurm's ``srun``) has the same shape; :func:`launcher_for` is the
-one place that chooses. Torch-free: ``grpo-tui check`` prints these command lines.
+launcher for other hosts has the same shape: :class:`Srun` runs a command as one Slurm job
+step on some nodes of the allocation, :class:`TorchrunNodes` a torchrun group spanning
+nodes; :func:`launcher_for` chooses for one host, the role layer adds ``Srun`` on a
+cluster. Torch-free: ``grpo-tui check`` prints these command lines.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from pathlib import Path
 from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
+
+from grpo_tui.cluster import NodePlacement
 
 GPU_ENV: dict[str, str] = {
     "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
@@ -133,3 +137,91 @@ def launcher_for(placement: Placement, *, log_dir: Path, shutdown_timeout: float
     if placement.ranks > 1:
         return Torchrun(log_dir=log_dir, shutdown_timeout=shutdown_timeout)
     return Local()
+
+
+def step_name(run_name: str, process: str) -> str:
+    """The Slurm job-step name of ``process`` in run directory ``run_name``: unique per run,
+    which is how the supervisor and its watchdog find their own steps (and only those)."""
+    return f"grpo.{run_name}.{process}"
+
+
+@dataclass(frozen=True)
+class Srun:
+    """The command as one Slurm job step on ``place``'s nodes of the current allocation.
+
+    Run by the supervisor on the allocation's first node, ``srun`` is supervised like any
+    local child: it relays every task's output, its exit is the step's. ``--relative``
+    picks the nodes inside the allocation (no host names in the line). A step with GPUs
+    takes them ``--exclusive``ly (Slurm sets ``CUDA_VISIBLE_DEVICES``); a CPU-only step
+    runs ``--overlap`` with the others on its node. Every count is explicit: the batch
+    script's ``SLURM_NTASKS`` and such would otherwise apply. ``--kill-on-bad-exit`` ends
+    every task of the step when one fails (a torchrun agent dying on one node). A stop
+    reaches the tasks as ``scancel --signal`` (see ``grpo_tui.supervisor.steps``).
+    """
+
+    step: str
+    place: NodePlacement
+    extra: tuple[str, ...] = ()
+
+    def wrap(self, command: Launch, placement: Placement) -> Launch:
+        argv = [
+            "srun",
+            f"--job-name={self.step}",
+            f"--nodes={self.place.nodes}",
+            f"--ntasks={self.place.nodes}",
+            "--ntasks-per-node=1",
+            f"--relative={self.place.node - 1}",
+            "--kill-on-bad-exit=1",
+        ]
+        env = dict(command.env)
+        if self.place.gpus_per_node:
+            argv += [f"--gpus-per-node={self.place.gpus_per_node}", "--exclusive"]
+            env.update(GPU_ENV)
+        else:
+            argv.append("--overlap")
+        return Launch(argv=[*argv, *self.extra, "--", *command.argv], env=env)
+
+
+@dataclass(frozen=True)
+class TorchrunNodes:
+    """One rank per GPU on each of ``nodes`` nodes: torchrun with a c10d rendezvous.
+
+    Runs once per node (as an ``Srun`` step); the agents meet at ``endpoint`` (``host:port``
+    on the first node of the step) and ``--rdzv-id`` keeps two runs apart. Otherwise as
+    :class:`Torchrun`: no restarts of its own, prefixed rank output, the role's shutdown
+    timeout for the ranks.
+    """
+
+    nodes: int
+    endpoint: str
+    rdzv_id: str
+    log_dir: Path
+    shutdown_timeout: float
+    python: str = sys.executable
+
+    def wrap(self, command: Launch, placement: Placement) -> Launch:
+        argv = [
+            self.python,
+            "-m",
+            "torch.distributed.run",
+            f"--nnodes={self.nodes}",
+            f"--nproc-per-node={placement.ranks}",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint={self.endpoint}",
+            f"--rdzv-id={self.rdzv_id}",
+            "--max-restarts",
+            "0",
+            "--tee",
+            "3",
+            "--log-dir",
+            str(self.log_dir),
+            "--no-python",
+            *command.argv,
+        ]
+        env = {
+            **command.env,
+            **placement.env(),
+            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX,
+            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(int(self.shutdown_timeout)),
+        }
+        return Launch(argv=argv, env=env)

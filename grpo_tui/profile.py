@@ -25,7 +25,7 @@ from grpo_trainer.serve.settings import Mode
 from grpo_tui.supervisor.spec import ProcessSpec
 
 ROLE_TABLES = ("api", "inference", "trainer", "env")
-TOP_LEVEL_KEYS = ("run", *ROLE_TABLES, "process")
+TOP_LEVEL_KEYS = ("run", *ROLE_TABLES, "process", "cluster")
 PROBE_KINDS = ("http", "tcp", "exec", "log_line")
 
 KeyPath = tuple[str | int, ...]
@@ -273,7 +273,7 @@ def load_profile(path: Path | str, *, mode: str | None = None) -> Profile:
             close = difflib.get_close_matches(key, TOP_LEVEL_KEYS, n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"known: {', '.join(TOP_LEVEL_KEYS)}"
             problems.append(at((key,), f"unknown table ({hint})"))
-    for key in ("run", "api", "inference", "trainer", "process"):
+    for key in ("run", "api", "inference", "trainer", "process", "cluster"):
         if key in data and not isinstance(data[key], dict):
             problems.append(at((key,), f"must be a table, got {type(data[key]).__name__}"))
     env = data.get("env")

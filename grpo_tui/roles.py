@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import secrets
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -28,7 +29,15 @@ from grpo_trainer.serve.settings import LORA_MODES, InferenceSettings, Mode, inf
 from grpo_trainer.sync.restart import RESTART_MODES
 from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.resume import read_checkpoint, resolve_resume
-from grpo_tui.launchers import Launch, Placement, launcher_for
+from grpo_tui.cluster import (
+    Allocation,
+    ClusterSettings,
+    NodePlacement,
+    Placed,
+    fit_problems,
+    split_placement,
+)
+from grpo_tui.launchers import Launch, Placement, Srun, TorchrunNodes, launcher_for, step_name
 from grpo_tui.placement import GpuPlan, plan_gpus, trainer_gpus
 from grpo_tui.profile import (
     KeyPath,
@@ -56,6 +65,10 @@ ValueT = TypeVar("ValueT")
 RESTART_SYNC_EVERY = 4
 TRAINER_READY = r"grpo-trainer ready"
 ENV_READY = r"grpo-env registered"
+INFERENCE_KEY_ENV = "VLLM_API_KEY"
+"""The inference server's bearer token: vLLM's own variable, read by the built-in server
+and by our clients too, so one name serves both backends."""
+ANY_ADDRESS = "0.0.0.0"
 
 TRAINER_WIRED = {
     "model_name": "run.model",
@@ -112,7 +125,9 @@ def _wired(
 class RoleLayer:
     """Builds role specs from a profile and rebuilds them on restarts and mode switches."""
 
-    def __init__(self, profile: Profile, run_dir: Path) -> None:
+    def __init__(
+        self, profile: Profile, run_dir: Path, allocation: Allocation | None = None
+    ) -> None:
         self.profile = profile
         self.run_dir = run_dir
         self.mode: str = profile.run.mode
@@ -120,8 +135,20 @@ class RoleLayer:
         self.adapter: str | None = None
         self.problems: list[Problem] = []
         self._tables: dict[str, dict[str, Any]] = {}
-        self.api = self._settings("api", ApiSettings, {})
-        self.inference = self._settings("inference", InferenceSettings, {"seed": self.seed})
+        self.placements: dict[str, Placed] = {}
+        self.cluster = self._cluster_settings()
+        self.allocation = allocation or Allocation.symbolic(self.cluster.nodes)
+        self.token = self._run_token()
+        cluster_defaults: dict[str, Any] = {}
+        if self.cluster.slurm:
+            cluster_defaults = {"host": ANY_ADDRESS}
+        api_defaults = dict(cluster_defaults)
+        if self.token is not None:
+            api_defaults["token"] = self.token
+        self.api = self._settings("api", ApiSettings, api_defaults)
+        self.inference = self._settings(
+            "inference", InferenceSettings, {"seed": self.seed, **cluster_defaults}
+        )
         self.envs = [
             self._env(index, table) for index, table in enumerate(profile.table("env") or [])
         ]
@@ -130,6 +157,9 @@ class RoleLayer:
         self.gpu_plan = self._place()
         self.problems += self.gpu_plan.problems
         self._adjust = self._adjustments()
+        self.placements = {k: v for k, v in self.placements.items() if k in self.roles}
+        if self.cluster.slurm and not self.problems:
+            self.problems += self._placement_problems()
 
     def _place(self) -> GpuPlan:
         """The roles' GPUs in the current mode (problems name the keys)."""
@@ -193,8 +223,160 @@ class RoleLayer:
             names.insert(0, "model")
         return names
 
-    def _env_name(self, index: int) -> str:
-        return "env" if len(self.envs) == 1 else f"env-{index}"
+    def _env_name(self, index: int, count: int | None = None) -> str:
+        count = len(self.envs) if count is None else count
+        return "env" if count == 1 else f"env-{index}"
+
+    def _env_tables(self) -> list[Any]:
+        return list(self.profile.table("env") or [])
+
+    # ------------------------------------------------------------------ placement
+
+    def _cluster_settings(self) -> ClusterSettings:
+        try:
+            return ClusterSettings.model_validate(self.profile.table("cluster") or {})
+        except ValidationError as error:
+            self.problems += self.profile.validation_problems(error, ("cluster",), ClusterSettings)
+            return ClusterSettings()
+
+    def _run_token(self) -> str | None:
+        """The run's bearer token on a cluster: ``api.token`` if set, else a fresh one.
+
+        On a cluster the API and the inference server listen beyond loopback, so both
+        require it; it reaches the other roles in their environment, never on a command line.
+        """
+        if not self.cluster.slurm:
+            return None
+        api = self.profile.table("api")
+        given = api.get("token") if isinstance(api, dict) else None
+        return given if isinstance(given, str) and given else secrets.token_urlsafe(24)
+
+    def _take_placement(
+        self, name: str, where: KeyPath, table: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """The table without its placement keys; the placement is recorded under ``name``."""
+        if not isinstance(table, Mapping):
+            return {}
+        own, place = split_placement(table)
+        if place and not self.cluster.slurm:
+            for key in place:
+                self.problems.append(
+                    self.profile.problem(
+                        (*where, key),
+                        'places a role on a cluster: needs [cluster] engine = "slurm"',
+                    )
+                )
+            return own
+        try:
+            placement = NodePlacement.model_validate(place)
+        except ValidationError as error:
+            self.problems += self.profile.validation_problems(error, where, NodePlacement)
+            return own
+        role = "env" if where[0] == "env" else name
+        self.placements[name] = Placed(process=name, role=role, placement=placement, key=where)
+        return own
+
+    def _placement_problems(self) -> list[Problem]:
+        """Placements that do not fit the allocation, or that the roles cannot work with."""
+        problems = [
+            self.profile.problem(key, message)
+            for key, message in fit_problems(self.cluster, list(self.placements.values()))
+        ]
+        inference = self.placements.get("inference")
+        trainer = self.placements.get("trainer")
+        if inference is not None and inference.placement.nodes > 1:
+            problems.append(
+                self.profile.problem(
+                    ("inference", "nodes"),
+                    "one inference server spans one node (vLLM across nodes needs Ray); "
+                    "use nodes = 1 and its GPUs on that node",
+                )
+            )
+        if (
+            inference is not None
+            and trainer is not None
+            and self.mode == "shared_vllm"
+            and self.inference is not None
+            and inference.placement.node_numbers != trainer.placement.node_numbers
+            and not (self.inference.backend == "vllm" and self.inference.weight_transfer == "nccl")
+        ):
+            problems.append(
+                self.profile.problem(
+                    ("run", "mode"),
+                    "shared_vllm with inference and trainer on different nodes needs "
+                    'backend = "vllm" and weight_transfer = "nccl" (or mode lora_only / none)',
+                )
+            )
+        if self._tables.get("trainer", {}).get("gpus") is not None:
+            problems.append(self._slurm_gpus(("trainer", "gpus")))
+        if self.inference is not None and self.inference.gpus is not None:
+            problems.append(self._slurm_gpus(("inference", "gpus")))
+        for role, settings in (("api", self.api), ("inference", self.inference)):
+            if settings is None or role not in self.placements or settings.host != "127.0.0.1":
+                continue
+            home = self.placements[role].placement.node
+            away = [p.process for p in self.placements.values() if p.placement.node != home]
+            if away:
+                problems.append(
+                    self.profile.problem(
+                        (role, "host"),
+                        f"bound to loopback but {', '.join(away)} run on other nodes; "
+                        f'use host = "{ANY_ADDRESS}" (the run\'s token protects it)',
+                    )
+                )
+        return problems
+
+    def _slurm_gpus(self, key: KeyPath) -> Problem:
+        return self.profile.problem(
+            key,
+            "on a Slurm cluster each job step gets its GPUs from Slurm: "
+            "set gpus_per_node (and node / nodes) instead",
+        )
+
+    def node_of(self, name: str) -> int:
+        """1-based node of the allocation where process ``name`` starts (1: supervisor's)."""
+        placed = self.placements.get(name)
+        return placed.placement.node if placed is not None else 1
+
+    def _url(self, role: str, port: int, local: str) -> str:
+        """How the others reach ``role``: by its node's address on a cluster."""
+        if not self.cluster.slurm:
+            return local
+        return f"http://{self.allocation.address(self.node_of(role))}:{port}"
+
+    @property
+    def api_url(self) -> str:
+        api = self.api or ApiSettings()
+        return self._url("api", api.port, api.url)
+
+    @property
+    def inference_url(self) -> str:
+        inference = self.inference or InferenceSettings()
+        return self._url("inference", inference.port, inference.base_url)
+
+    def _launched(self, name: str, launch: Launch) -> tuple[Launch, str | None]:
+        """The role's launch as its Slurm job step (and the step's name), or as it is.
+
+        A trainer spanning nodes or GPUs runs as torchrun on each of its nodes, meeting at
+        its first node's ``cluster.rdzv_port``.
+        """
+        placed = self.placements.get(name)
+        if not self.cluster.slurm or placed is None:
+            return launch, None
+        place = placed.placement
+        if name == "trainer" and (place.nodes > 1 or place.gpus_per_node > 1):
+            torchrun = TorchrunNodes(
+                nodes=place.nodes,
+                endpoint=f"{self.allocation.address(place.node)}:{self.cluster.rdzv_port}",
+                rdzv_id=self.run_dir.name,
+                log_dir=self.run_dir / "logs" / "trainer-ranks",
+                shutdown_timeout=TRAINER_SHUTDOWN,
+            )
+            ranks = Placement(ranks=max(place.gpus_per_node, 1), on_gpu=place.gpus_per_node > 0)
+            launch = torchrun.wrap(launch, ranks)
+        step = step_name(self.run_dir.name, name)
+        srun = Srun(step=step, place=place, extra=tuple(self.cluster.srun_args))
+        return srun.wrap(launch, Placement()), step
 
     def _settings(
         self, role: str, model: type[SettingsT], defaults: Mapping[str, Any]
@@ -202,6 +384,7 @@ class RoleLayer:
         table = self.profile.table(role) or {}
         if not self.profile.has_role(role):
             table = {}
+        table = self._take_placement(role, (role,), table)
         self._tables[role] = dict(table)
         try:
             return model.model_validate({**defaults, **table})
@@ -211,6 +394,7 @@ class RoleLayer:
 
     def _env(self, index: int, table: Mapping[str, Any]) -> EnvSettings | None:
         where: KeyPath = ("env", index)
+        table = self._take_placement(self._env_name(index, len(self._env_tables())), where, table)
         self.problems += _wired(self.profile, table, ENV_WIRED, where)
         served = self.inference.served_model_name if self.inference else "policy"
         try:
@@ -223,6 +407,8 @@ class RoleLayer:
 
     def _check_trainer_table(self) -> None:
         table = self.profile.table("trainer") or {}
+        if self.profile.has_role("trainer"):
+            table = self._take_placement("trainer", ("trainer",), table)
         self._tables["trainer"] = dict(table)
         if not self.profile.has_role("trainer"):
             return
@@ -250,8 +436,8 @@ class RoleLayer:
             defaults["device"] = "cuda"  # each rank sees only its GPUs
         wiring: dict[str, Any] = {
             "model_name": self.model_path,
-            "atropos_url": api.url,
-            "inference_url": inference.base_url,
+            "atropos_url": self.api_url,
+            "inference_url": self.inference_url,
             "served_model_name": inference.served_model_name,
             "inference_backend": inference.backend,
             "weight_bridge_mode": self.mode,
@@ -343,15 +529,20 @@ class RoleLayer:
 
     def _api_spec(self) -> ProcessSpec:
         api = self._require(self.api)
+        launch, step = self._launched(
+            "api", Launch(argv=api.model_copy(update={"token": None}).argv(run_dir=self.run_dir))
+        )
+        health = f"{self.api_url}/health"
         return ProcessSpec(
             name="api",
             role="api",
-            command=api.model_copy(update={"token": None}).argv(run_dir=self.run_dir),
+            command=launch.argv,
+            slurm_step=step,
             env=self._token_env(),
             port=api.port,
-            readiness=HttpProbe(url=api.health_url, period=0.2, timeout=2.0),
+            readiness=HttpProbe(url=health, period=0.2, timeout=2.0),
             liveness=HttpProbe(
-                url=api.health_url, initial_delay=5, period=10, timeout=5, failure_threshold=3
+                url=health, initial_delay=5, period=10, timeout=5, failure_threshold=3
             ),
             restart=RestartPolicy(policy="always", backoff_base=0.5, max_restarts=5),
             shutdown=Shutdown(timeout=15),
@@ -366,17 +557,21 @@ class RoleLayer:
             adapter=self.adapter,
             shared_dir=str(self.run_dir / "shared_weights"),
         )
-        health = f"{settings.base_url}/health"
-        placed = launcher_for(
-            self.placement("inference"), log_dir=self.run_dir / "logs", shutdown_timeout=30
-        ).wrap(Launch(argv=launch.argv, env=launch.env), self.placement("inference"))
+        health = f"{self.inference_url}/health"
+        placed, step = self._launched(
+            "inference",
+            launcher_for(
+                self.placement("inference"), log_dir=self.run_dir / "logs", shutdown_timeout=30
+            ).wrap(Launch(argv=launch.argv, env=launch.env), self.placement("inference")),
+        )
         return ProcessSpec(
             name="inference",
             role="inference",
             command=placed.argv,
-            env=placed.env,
+            slurm_step=step,
+            env={**placed.env, **self._token_env()},
             port=settings.port,
-            metrics_url=f"{settings.base_url}/metrics",
+            metrics_url=f"{self.inference_url}/metrics",
             depends_on=self._model_deps(),
             readiness=HttpProbe(url=health, period=0.25, timeout=2.0),
             liveness=HttpProbe(
@@ -395,12 +590,15 @@ class RoleLayer:
             log_dir=self.run_dir / "logs" / "trainer-ranks",
             shutdown_timeout=TRAINER_SHUTDOWN,
         )
-        launch = launcher.wrap(Launch(argv=self.trainer_config().argv()), placement)
+        launch, step = self._launched(
+            "trainer", launcher.wrap(Launch(argv=self.trainer_config().argv()), placement)
+        )
         return ProcessSpec(
             name="trainer",
             role="trainer",
             command=launch.argv,
-            env=launch.env,
+            slurm_step=step,
+            env={**launch.env, **self._token_env()},
             depends_on=depends,
             readiness=LogLineProbe(pattern=TRAINER_READY, period=0.2),
             restart=RestartPolicy(policy="on_failure", backoff_base=1.0, max_restarts=5),
@@ -409,18 +607,17 @@ class RoleLayer:
 
     def _env_spec(self, name: str, index: int) -> ProcessSpec:
         env = self._require(self.envs[index])
-        api = self.api or ApiSettings()
-        inference = self.inference or InferenceSettings()
         depends = self._model_deps()
         depends.update({r: HEALTHY for r in ("api", "inference", "trainer") if r in self.roles})
+        command = env.command(
+            api_url=self.api_url, inference_url=self.inference_url, tokenizer=self.model_path
+        )
+        launch, step = self._launched(name, Launch(argv=command))
         return ProcessSpec(
             name=name,
             role="env",
-            command=env.command(
-                api_url=api.url,
-                inference_url=inference.base_url,
-                tokenizer=self.model_path,
-            ),
+            command=launch.argv,
+            slurm_step=step,
             env=self._token_env(),
             depends_on=depends,
             readiness=LogLineProbe(pattern=ENV_READY, period=0.2),
@@ -429,10 +626,14 @@ class RoleLayer:
         )
 
     def _token_env(self) -> dict[str, str]:
-        """The API token as an environment variable: kept out of ``ps`` and of the plan."""
-        if self.api is None or self.api.token is None:
-            return {}
-        return {TOKEN_ENV: self.api.token.get_secret_value()}
+        """The API token (and on a cluster the inference server's, the same run token) as
+        environment variables: kept out of ``ps`` and of the plan."""
+        env = {}
+        if self.api is not None and self.api.token is not None:
+            env[TOKEN_ENV] = self.api.token.get_secret_value()
+        if self.token is not None:
+            env[INFERENCE_KEY_ENV] = self.token
+        return env
 
     @staticmethod
     def _require(settings: ValueT | None) -> ValueT:
@@ -672,10 +873,16 @@ class Plan:
         return parsed, {name: self.roles.spec(name) for name in names}
 
 
-def build_plan(profile: Profile, run_dir: Path | None = None) -> Plan:
-    """Expand roles and processes into a checked plan; raises ProfileError with every problem."""
+def build_plan(
+    profile: Profile, run_dir: Path | None = None, allocation: Allocation | None = None
+) -> Plan:
+    """Expand roles and processes into a checked plan; raises ProfileError with every problem.
+
+    ``allocation`` gives a cluster profile its real nodes (inside a Slurm job); without it
+    the plan names them ``node1`` ...
+    """
     run_dir = run_dir or run_dir_for(profile)
-    roles = RoleLayer(profile, run_dir)
+    roles = RoleLayer(profile, run_dir, allocation)
     problems = list(roles.problems)
     role_specs: list[ProcessSpec] = []
     sources: dict[str, KeyPath] = {}

@@ -19,12 +19,13 @@ OPEN_PATHS = frozenset({"/health"})
 class TokenGuard:
     """Answer 401 unless ``Authorization: Bearer <token>`` matches (constant-time compare)."""
 
-    def __init__(self, app: ASGIApp, token: str) -> None:
+    def __init__(self, app: ASGIApp, token: str, open_paths: frozenset[str] = OPEN_PATHS) -> None:
         self.app = app
         self.expected = f"Bearer {token}".encode()
+        self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
+        if scope["type"] != "http" or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"authorization", b"")

@@ -44,6 +44,7 @@ from grpo_trainer.envs.stats import EnvStats, Reporter
 from grpo_trainer.envs.task import Prompt, Task
 from grpo_trainer.envs.tokenizer import PromptTokenizer
 from grpo_trainer.live_edits import EditWatcher
+from grpo_trainer.serve.settings import inference_headers
 
 log = logging.getLogger("grpo_trainer.envs")
 
@@ -128,7 +129,10 @@ class EnvRunner:
             base_url=connection.api_url, headers=headers, timeout=30.0, limits=limits
         )
         self.inference = httpx.AsyncClient(
-            base_url=connection.inference_url, timeout=600.0, limits=limits
+            base_url=connection.inference_url,
+            headers=inference_headers(),
+            timeout=600.0,
+            limits=limits,
         )
 
     # ---- lifecycle -------------------------------------------------------------------

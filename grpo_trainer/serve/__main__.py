@@ -18,10 +18,12 @@ import uvicorn
 from transformers import AutoConfig
 from transformers.utils import logging as hf_logging
 
+from grpo_trainer.api.settings import is_loopback
 from grpo_trainer.models import DTYPES, load_model, load_tokenizer
 from grpo_trainer.serve.app import ServerState, create_app
 from grpo_trainer.serve.engine import Engine
 from grpo_trainer.serve.lora import AdapterError, AdapterSet
+from grpo_trainer.serve.settings import API_KEY_ENV
 from grpo_trainer.serve.shared import SharedWeightsError, attach_server
 from grpo_trainer.stop_signal import exit_zero_on_stop
 
@@ -81,6 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--enable-lora", action="store_true")
     parser.add_argument("--max-lora-rank", type=int, default=16)
     parser.add_argument("--lora-modules", nargs="+", type=_lora_module, default=[])
+    parser.add_argument(
+        "--api-key",
+        default=os.environ.get(API_KEY_ENV) or None,
+        help=f"bearer token every request but /health and /metrics needs (default ${API_KEY_ENV}); "
+        "required when --host is not a loopback address",
+    )
     parser.add_argument(
         "--shared-weights",
         type=Path,
@@ -157,12 +165,21 @@ def main(argv: list[str] | None = None) -> None:
     if threads is not None:
         torch.set_num_threads(threads)
     print(f"torch CPU threads: {torch.get_num_threads()}", flush=True)
+    if args.api_key is None and not is_loopback(args.host):
+        print(
+            f"grpo_trainer.serve: error: --host {args.host} is not a loopback address: set "
+            f"--api-key (or {API_KEY_ENV}) so that only holders of the key can reach the server",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(2)
     try:
         state = build_state(args)
     except (OSError, ValueError, AdapterError, SharedWeightsError) as error:
         print(f"grpo_trainer.serve: error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
-    uvicorn.run(create_app(state), host=args.host, port=args.port, log_level="warning")
+    app = create_app(state, api_key=args.api_key)
+    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from grpo_trainer.api.security import TokenGuard
 from grpo_trainer.serve.cuda_ipc import RPC_METHODS, device_uuid, export_weights
 from grpo_trainer.serve.engine import Engine, Sample
 from grpo_trainer.serve.lora import AdapterError
@@ -34,6 +35,9 @@ from grpo_trainer.serve.sleep import SleepError, SleepState
 from grpo_trainer.serve.sleep import attach_router as attach_sleep_routes
 
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+
+OPEN_PATHS = frozenset({"/health", "/metrics"})
+"""Paths answered without the API key: readiness probes and metrics scrapers."""
 
 
 class ApiError(Exception):
@@ -259,9 +263,12 @@ async def _complete(state: ServerState, request: CompletionRequest) -> dict[str,
     }
 
 
-def create_app(state: ServerState) -> FastAPI:
-    """The FastAPI application over ``state``."""
+def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
+    """The FastAPI application over ``state``; with ``api_key`` every request but
+    ``/health`` and ``/metrics`` (what probes and scrapers read) needs it as a bearer token."""
     app = FastAPI(title="grpo-trainer built-in inference server")
+    if api_key is not None:
+        app.add_middleware(TokenGuard, token=api_key, open_paths=OPEN_PATHS)
     engine = state.engine
 
     @app.exception_handler(ApiError)

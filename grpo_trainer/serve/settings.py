@@ -12,8 +12,10 @@ the LoRA modes that name is the adapter, and the base model is served as
 from __future__ import annotations
 
 import json
+import os
 import sys
 import typing
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -24,6 +26,15 @@ LORA_MODES: tuple[str, ...] = ("lora_only", "lora_restart")
 SHARED_MODES: tuple[str, ...] = ("shared_vllm", "colocate")
 """Modes where the built-in server's weights are the trainer's (``--shared-weights``)."""
 VLLM_WORKER_EXTENSION = "grpo_trainer.sync.vllm_worker.SharedWeightsExtension"
+API_KEY_ENV = "VLLM_API_KEY"
+"""The inference server's bearer token: vLLM's own variable for ``--api-key``, read by the
+built-in server and by our clients as well, so one name works for both backends."""
+
+
+def inference_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``Authorization: Bearer`` for the inference server when ``VLLM_API_KEY`` is set."""
+    key = (os.environ if env is None else env).get(API_KEY_ENV)
+    return {"Authorization": f"Bearer {key}"} if key else {}
 
 
 def _distinct(value: list[int]) -> list[int]:

@@ -12,6 +12,8 @@ from typing import Any
 
 import httpx
 
+from grpo_trainer.serve.settings import inference_headers
+
 
 class SyncError(RuntimeError):
     """A weight sync did not complete; the server may still serve older weights."""
@@ -31,7 +33,9 @@ class InferenceClient:
         self.base_url = base_url.rstrip("/")
         self.attempts = attempts
         self.backoff = backoff
-        self.http = httpx.Client(base_url=self.base_url, timeout=timeout)
+        self.http = httpx.Client(
+            base_url=self.base_url, headers=inference_headers(), timeout=timeout
+        )
 
     def call(
         self,

@@ -3,7 +3,8 @@
 Stopping follows the order a careful person would: the shutdown signal to the process group
 (and to known descendants that left the group), wait up to the timeout, SIGKILL all of them,
 then *confirm*: scan for anything still in the group or still carrying the process's tag
-and kill it. A stop that returns has left nothing behind, or says what survived.
+and kill it, and ``scancel`` its Slurm job steps if it runs as one (``spec.slurm_step``).
+A stop that returns has left nothing behind, or says what survived.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import psutil
 
 from grpo_tui.supervisor.logs import OutputSink
 from grpo_tui.supervisor.spec import ProcessSpec
+from grpo_tui.supervisor.steps import end_steps, running_steps, signal_steps
 from grpo_tui.supervisor.tree import (
     alive,
     descendants,
@@ -88,6 +90,8 @@ class ChildProcess:
     ) -> ChildProcess:
         if spec.cwd is not None and not Path(spec.cwd).is_dir():
             raise SpawnError(f"working directory not found: {spec.cwd}")
+        if spec.slurm_step is not None:
+            announce(f"step {spec.slurm_step}")  # before srun exists: no window unguarded
         try:
             proc = await asyncio.create_subprocess_exec(
                 *spec.command,
@@ -125,8 +129,17 @@ class ChildProcess:
             await self._clear_leftovers()
         return code
 
-    def send_signal(self, sig: int) -> None:
+    async def send_signal(self, sig: int) -> bool:
+        """``sig`` to the process: a Slurm step's tasks get it from Slurm on every node
+        (``srun`` would make a SIGTERM a kill); any other child on its process group.
+        True when Slurm delivered it (to every process of the step)."""
+        if self.spec.slurm_step is not None:
+            steps = await asyncio.to_thread(running_steps, {self.spec.slurm_step})
+            if steps:
+                await asyncio.to_thread(signal_steps, steps, sig)
+                return True
         signal_group(self.pgid, sig)
+        return False
 
     def refresh_tree(self) -> list[psutil.Process]:
         """Snapshot the live tree; new descendants are remembered (and told to the watchdog)."""
@@ -140,34 +153,41 @@ class ChildProcess:
                     continue
         return tree
 
-    async def stop(self, sig: int, timeout: float) -> list[psutil.Process]:
+    async def stop(self, sig: int, timeout: float) -> list[psutil.Process | str]:
         """Signal, wait ``timeout``, SIGKILL, confirm; returns survivors (normally empty)."""
         self.refresh_tree()
         others = self._outside_group(await self._scan())
-        signal_group(self.pgid, sig)
-        signal_all(others, sig)
+        if sig == signal.SIGKILL:
+            signal_group(self.pgid, sig)
+            signal_all(others, sig)
+        elif not await self.send_signal(sig):
+            signal_all(others, sig)
         if not await self._gone_within(timeout, others):
             signal_group(self.pgid, signal.SIGKILL)
             signal_all(others, signal.SIGKILL)
             await self._gone_within(KILL_WAIT, others)
         return await self._clear_leftovers()
 
-    async def kill(self) -> list[psutil.Process]:
+    async def kill(self) -> list[psutil.Process | str]:
         """SIGKILL at once (no grace), then confirm like ``stop``."""
         return await self.stop(signal.SIGKILL, KILL_WAIT)
 
-    async def _clear_leftovers(self) -> list[psutil.Process]:
-        """SIGKILL anything still in the group or tagged with this process; wait; report."""
+    async def _clear_leftovers(self) -> list[psutil.Process | str]:
+        """SIGKILL anything still in the group or tagged with this process, cancel its job
+        steps still running; wait; report what survived (processes, step ids)."""
         leftovers = await self._scan()
         if leftovers:
             signal_all(leftovers, signal.SIGKILL)
             await self._gone_within(KILL_WAIT, leftovers)
+        steps: list[str] = []
+        if self.spec.slurm_step is not None:
+            steps = await asyncio.to_thread(end_steps, {self.spec.slurm_step})
         if self._pump is not None:
             try:
                 await asyncio.wait_for(asyncio.shield(self._pump), KILL_WAIT)
             except TimeoutError:
                 self._pump.cancel()
-        survivors = alive(leftovers)
+        survivors: list[psutil.Process | str] = [*alive(leftovers), *steps]
         if not survivors:
             self.announce(f"gone {self.pgid}")
         return survivors

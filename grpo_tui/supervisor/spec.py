@@ -120,7 +120,9 @@ class ProcessSpec(Strict):
     """One child process: how to start it, when it is ready, how to keep it and stop it.
 
     ``metrics_url`` names a Prometheus endpoint (vLLM's ``/metrics``) that the supervisor
-    scrapes for inference throughput.
+    scrapes for inference throughput. ``slurm_step`` is the job-step name (``srun
+    --job-name``) of a process that runs as a Slurm step: stopping it, and the watchdog
+    after a supervisor's death, also ``scancel`` the steps of that name by id.
     """
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
@@ -130,6 +132,7 @@ class ProcessSpec(Strict):
     env: dict[str, str] = Field(default_factory=dict)
     port: int | None = Field(None, ge=1, le=65535)
     metrics_url: str | None = None
+    slurm_step: str | None = None
     depends_on: dict[str, Dependency] = Field(default_factory=dict)
     readiness: Probe | None = None
     liveness: Probe | None = None

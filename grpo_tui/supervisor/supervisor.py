@@ -276,7 +276,7 @@ class Supervisor:
         child = self._entry(name).child
         if child is None or child.returncode is not None:
             raise ProcessLookupError(f"{name} is not running")
-        child.send_signal(sig)
+        await child.send_signal(sig)
 
     async def kill(self, name: str) -> None:
         """SIGKILL the process and its descendants at once; it stays stopped.
