@@ -69,6 +69,8 @@ INFERENCE_KEY_ENV = "VLLM_API_KEY"
 """The inference server's bearer token: vLLM's own variable, read by the built-in server
 and by our clients too, so one name serves both backends."""
 ANY_ADDRESS = "0.0.0.0"
+TRANSFER_ADDRESS_ENV = "GRPO_WEIGHT_TRANSFER_ADDRESS"
+"""Read by ``grpo_trainer.sync.vllm_shared`` (not imported here: it needs torch)."""
 
 TRAINER_WIRED = {
     "model_name": "run.model",
@@ -162,7 +164,13 @@ class RoleLayer:
             self.problems += self._placement_problems()
 
     def _place(self) -> GpuPlan:
-        """The roles' GPUs in the current mode (problems name the keys)."""
+        """The roles' GPUs in the current mode (problems name the keys).
+
+        On a Slurm cluster Slurm hands each step its GPUs (``gpus_per_node``): nothing is
+        pinned here, and the placement checks are the cluster's own.
+        """
+        if self.cluster.slurm:
+            return GpuPlan()
         has_trainer = self.profile.has_role("trainer")
         device = self._tables["trainer"].get("device", "cuda" if self.trainer_gpus else "cpu")
         return plan_gpus(
@@ -307,6 +315,17 @@ class RoleLayer:
                     'backend = "vllm" and weight_transfer = "nccl" (or mode lora_only / none)',
                 )
             )
+        settings = self.inference
+        if inference is not None and settings is not None and settings.backend == "vllm":
+            workers = settings.tensor_parallel_size * settings.data_parallel_size
+            if inference.placement.gpus_per_node and workers != inference.placement.gpus_per_node:
+                problems.append(
+                    self.profile.problem(
+                        ("inference", "gpus_per_node"),
+                        f"vLLM runs tensor_parallel_size x data_parallel_size = {workers} "
+                        f"workers, one per GPU: set gpus_per_node = {workers}",
+                    )
+                )
         if self._tables.get("trainer", {}).get("gpus") is not None:
             problems.append(self._slurm_gpus(("trainer", "gpus")))
         if self.inference is not None and self.inference.gpus is not None:
@@ -432,7 +451,8 @@ class RoleLayer:
             defaults.update(sync_every=RESTART_SYNC_EVERY, max_sync_lag=RESTART_SYNC_EVERY - 1)
         if len(group_sizes) == 1:
             defaults["group_size"] = group_sizes.pop()
-        if self.trainer_gpus:
+        trainer_place = self.placements.get("trainer")
+        if self.trainer_gpus or (trainer_place and trainer_place.placement.gpus_per_node):
             defaults["device"] = "cuda"  # each rank sees only its GPUs
         wiring: dict[str, Any] = {
             "model_name": self.model_path,
@@ -598,7 +618,7 @@ class RoleLayer:
             role="trainer",
             command=launch.argv,
             slurm_step=step,
-            env={**launch.env, **self._token_env()},
+            env={**launch.env, **self._token_env(), **self._transfer_env()},
             depends_on=depends,
             readiness=LogLineProbe(pattern=TRAINER_READY, period=0.2),
             restart=RestartPolicy(policy="on_failure", backoff_base=1.0, max_restarts=5),
@@ -624,6 +644,12 @@ class RoleLayer:
             restart=RestartPolicy(policy="on_failure", backoff_base=1.0, max_restarts=5),
             shutdown=Shutdown(timeout=10),
         )
+
+    def _transfer_env(self) -> dict[str, str]:
+        """On a cluster: the trainer node's address, where vLLM joins the NCCL weight group."""
+        if not self.cluster.slurm:
+            return {}
+        return {TRANSFER_ADDRESS_ENV: self.allocation.address(self.node_of("trainer"))}
 
     def _token_env(self) -> dict[str, str]:
         """The API token (and on a cluster the inference server's, the same run token) as

@@ -18,6 +18,7 @@ Tensor parallel size 1 for the zero-copy path.
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 import time
@@ -31,6 +32,10 @@ from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.cuda_ipc import map_server_weights, same_gpu, share_parameters
 from grpo_trainer.sync.shared import PausedUpdateSync
 from grpo_trainer.sync.vllm_names import kernel_tensors
+
+TRANSFER_ADDRESS_ENV = "GRPO_WEIGHT_TRANSFER_ADDRESS"
+"""Address vLLM's workers reach the trainer at for the NCCL group (the trainer is its rank
+0): 127.0.0.1 on one host; on a cluster the role layer sets the trainer node's address."""
 
 
 def _free_port() -> int:
@@ -99,7 +104,7 @@ class VllmSharedSync(PausedUpdateSync):
 
         world = int(self.client.get("/get_world_size").json()["world_size"])
         info = {
-            "master_address": "127.0.0.1",
+            "master_address": os.environ.get(TRANSFER_ADDRESS_ENV, "127.0.0.1"),
             "master_port": _free_port(),
             "rank_offset": 1,
             "world_size": world + 1,

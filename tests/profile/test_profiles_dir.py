@@ -31,7 +31,8 @@ def test_check_passes_and_prints_the_plan(profile: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "start order: " in result.output
     assert "api -> inference -> trainer -> env" in result.output
-    assert "readiness:  http GET http://127.0.0.1:9001/health" in result.output
+    host = "node1" if "[cluster]" in profile.read_text() else "127.0.0.1"
+    assert f"readiness:  http GET http://{host}:9001/health" in result.output
 
 
 @pytest.mark.parametrize("mode", MODES)
