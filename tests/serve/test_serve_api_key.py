@@ -1,0 +1,61 @@
+"""The built-in server's bearer token (``--api-key`` / ``VLLM_API_KEY``, vLLM's names).
+
+On a cluster the server listens beyond loopback: without a key it refuses to start, and
+with one every request but ``/health`` and ``/metrics`` needs it. Our clients (the sync
+client, environments) send it from ``VLLM_API_KEY``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+from serve_helpers import free_port
+
+from grpo_trainer.serve.launch import ServerProcess
+from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.sync.client import InferenceClient
+
+KEY = "k-1f3a9c"
+
+
+def test_non_loopback_host_without_a_key_exits_2(tiny_model_dir: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_trainer.serve", str(tiny_model_dir), "--host", "0.0.0.0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)},
+    )
+    assert done.returncode == 2, done.stderr
+    assert "--api-key" in done.stderr and "VLLM_API_KEY" in done.stderr
+
+
+@pytest.mark.timeout(240)
+def test_key_guards_every_route_but_health_and_metrics(
+    tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settings = InferenceSettings(host="0.0.0.0", port=free_port())
+    launch = inference_command(settings, mode="none", model=str(tiny_model_dir))
+    launch = launch.model_copy(update={"env": {**launch.env, "VLLM_API_KEY": KEY}})
+    url = f"http://127.0.0.1:{settings.port}"
+    server = ServerProcess(launch, url, tmp_path / "server.log")
+    server.start()
+    try:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            assert http.get("/health").status_code == 200
+            assert http.get("/metrics").status_code == 200
+            assert http.get("/v1/models").status_code == 401
+            wrong = http.get("/v1/models", headers={"Authorization": "Bearer nope"})
+            assert wrong.status_code == 401 and "wrong" in wrong.text
+            body = {"model": "policy", "prompt": [1, 2], "max_tokens": 1}
+            assert http.post("/v1/completions", json=body).status_code == 401
+        monkeypatch.setenv("VLLM_API_KEY", KEY)
+        client = InferenceClient(url)
+        assert client.call("GET", "/v1/models").status_code == 200
+        client.http.close()
+    finally:
+        server.stop()
