@@ -44,6 +44,8 @@ if TYPE_CHECKING:
     from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
 
 STATUS_PERIOD = 0.5
+FOLLOW_PERIOD = 1.0
+"""Seconds between reads of a followed run's files (``grpo-tui attach``)."""
 EXIT_BAD_INPUT = 2
 MUTATING_ACTIONS = frozenset(
     {
@@ -145,9 +147,11 @@ class GrpoTuiApp(App[int]):
         supervisor: Supervisor | None = None,
         clock: Callable[[], float] = time.time,
         keymap_path: Path | None = None,
+        follow: Callable[[], object] | None = None,
     ) -> None:
         super().__init__()
         self.state = state
+        self.follow = follow
         self.supervisor = supervisor
         self.clock = clock
         self.keymap_path = keymap_path or default_keymap_path()
@@ -179,6 +183,8 @@ class GrpoTuiApp(App[int]):
             self.call_after_refresh(self._freeze_startup_objects)
         if self.read_only:
             self.push_screen(RunViewerScreen())
+            if self.follow is not None:
+                self.set_interval(FOLLOW_PERIOD, self.follow)
             return
         if self.state.started_at is None:
             self.state.started_at = self.clock()
@@ -400,6 +406,19 @@ def run_app(profile: Path | str | Profile, mode: str | None = None) -> int:
     app = GrpoTuiApp(RunState(plan.run_dir.name, mode=plan.roles.mode), supervisor=supervisor)
     result = app.run()
     return result if result is not None else app.return_code or 0
+
+
+def run_attach(run_dir: Path) -> int:
+    """The dashboard over a running run's files, following them (``grpo-tui attach``)."""
+    from grpo_tui.run_files import RunFollower
+
+    if not _keymap_ok():
+        return EXIT_BAD_INPUT
+    state = RunState(run_dir.name)
+    follower = RunFollower(run_dir, state)
+    follower.poll()
+    GrpoTuiApp(state, follow=follower.poll).run()
+    return 0
 
 
 def run_view(run_dir: Path | str) -> int:

@@ -210,6 +210,49 @@ def sbatch(
 
 
 @app.command()
+def attach(
+    run_dir: Annotated[Path, typer.Argument(help="The run directory `grpo-tui sbatch` printed.")],
+    status: Annotated[
+        bool, typer.Option("--status", help="Print each process's state (asks the supervisor).")
+    ] = False,
+    via_slurm: Annotated[
+        bool, typer.Option("--via-slurm", help="Go through srun even on the supervisor's host.")
+    ] = False,
+) -> None:
+    """Follow a cluster run: its dashboard (read-only, live) or its processes' states."""
+    import os
+
+    from grpo_tui.attach import on_supervisor_host, read_allocation, srun_hop, supervisor_status
+
+    run_dir = run_dir.resolve()
+    record = read_allocation(run_dir)
+    if record is None:
+        script = run_dir.with_name(run_dir.name + ".sbatch")
+        why = "not started yet (its job is pending: squeue)" if script.exists() else "no such run"
+        _err().print(f"[bold red]error[/] {escape(str(run_dir))}: {why}")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    if via_slurm or not on_supervisor_host(record):
+        args = ["--status"] if status else []
+        hop = srun_hop(record, run_dir, args, pty=not status)
+        os.execvp(hop[0], hop)
+    if status:
+        from grpo_trainer.control import ControlError
+
+        try:
+            states = supervisor_status(run_dir)
+        except (ControlError, OSError) as error:
+            _err().print(f"[bold red]error[/] {escape(str(error))}")
+            raise typer.Exit(1) from None
+        for name, state in states.items():
+            print(f"{name:<12} {state}")
+        return
+    prefer_quick_escape()
+    from grpo_tui.app import run_attach
+
+    raise typer.Exit(run_attach(run_dir) or 0)
+
+
+@app.command()
 def view(
     run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. runs/quickstart-...")],
 ) -> None:

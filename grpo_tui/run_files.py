@@ -137,3 +137,84 @@ def _mode_from_profile(path: Path) -> str | None:
         return None
     mode = run.get("mode") if isinstance(run, dict) else None
     return str(mode) if mode else None
+
+
+class RunFollower:
+    """Keeps a :class:`RunState` up to date with a running run's files (``grpo-tui attach``).
+
+    Each ``poll`` reads what was appended since the last one: complete lines of
+    ``events.jsonl`` and ``metrics.jsonl`` become events, new output of ``logs/*.log``
+    becomes log lines (a log starts from its last ``TAIL_BYTES``). Nothing is re-read.
+    """
+
+    def __init__(self, run_dir: Path, state: RunState) -> None:
+        self.run_dir = run_dir
+        self.state = state
+        self._offsets: dict[Path, int] = {}
+        self._partial: dict[Path, bytes] = {}
+
+    def _new_lines(self, path: Path, start_tail: bool = False) -> list[str]:
+        try:
+            size = path.stat().st_size
+        except OSError:
+            return []
+        offset = self._offsets.get(path)
+        if offset is None:
+            offset = max(0, size - TAIL_BYTES) if start_tail else 0
+        if size < offset:  # rotated or truncated: start again
+            offset, self._partial[path] = 0, b""
+        if size == offset:
+            self._offsets[path] = offset
+            return []
+        with path.open("rb") as file:
+            file.seek(offset)
+            data = self._partial.get(path, b"") + file.read(size - offset)
+        self._offsets[path] = size
+        *lines, self._partial[path] = data.split(b"\n")
+        return [line.decode("utf-8", errors="replace") for line in lines]
+
+    def poll(self) -> int:
+        """Apply everything new; returns how many records and lines it applied."""
+        applied = 0
+        for line in self._new_lines(self.run_dir / "events.jsonl"):
+            event = _parse_event(line)
+            if event is None or isinstance(event, ev.LogBatch | MetricsRecord):
+                continue
+            if isinstance(event, ev.ProcessPlanned):
+                row = self.state.process(event.process)
+                row.role, row.port = event.role, event.port
+            self.state.apply(event)
+            applied += 1
+        for line in self._new_lines(self.run_dir / "metrics.jsonl"):
+            record = _parse_json(line)
+            if record is None or not isinstance(record.get("data"), dict):
+                continue
+            self.state.apply(
+                MetricsRecord(
+                    t=float(record.get("t", 0.0)),
+                    process=str(record.get("process", "trainer")),
+                    step=record.get("step"),
+                    data=record["data"],
+                )
+            )
+            applied += 1
+        logs = self.run_dir / "logs"
+        for path in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+            lines = self._new_lines(path, start_tail=True)
+            if lines:
+                self.state.log(path.stem).extend(lines)
+                applied += len(lines)
+        return applied
+
+
+def _parse_json(line: str) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return None
+    return record if isinstance(record, dict) else None
+
+
+def _parse_event(line: str) -> Event | None:
+    record = _parse_json(line)
+    return event_from_json(record) if record is not None else None
