@@ -27,6 +27,7 @@ from grpo_trainer.api.schemas import (
     GROUP_LIST,
     Ack,
     EnvIdentifier,
+    Problem,
     RegisterEnv,
     Registration,
     ScoredData,
@@ -43,6 +44,22 @@ MAX_REPORTED_ERRORS = 10
 MAX_WAIT = 60.0
 """Longest ``wait`` of a long-polled ``/batch`` or ``/status-env``, in seconds."""
 ENV_IDENTIFIER = TypeAdapter(EnvIdentifier)
+ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": Problem, "description": "empty body, or not JSON"},
+    401: {"model": Problem, "description": "missing or wrong token (when one is set)"},
+    404: {"model": Problem, "description": "unknown env_id or batch_id"},
+    409: {"model": Problem, "description": "no trainer registered yet, or a lease expired"},
+    413: {"model": Problem, "description": "body over max_body_bytes"},
+    422: {"model": Problem, "description": "a value or shape the API cannot take"},
+}
+"""Error responses of every operation, so the OpenAPI schema says what clients get."""
+
+
+def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    """``openapi_extra`` declaring a required JSON body (for handlers that parse it)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
 EMPTY_EXAMPLE = {
     "tokens": [],
     "masks": [],
@@ -99,7 +116,7 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
     Each handler's database work is one function run on the store's thread, so what it
     reads and writes is one consistent step.
     """
-    app = FastAPI(title="grpo-tui rollout API", docs_url=None, redoc_url=None)
+    app = FastAPI(title="grpo-tui rollout API", docs_url=None, redoc_url=None, responses=ERRORS)
     store = db.store
     latest: dict[str, bytes] = {}
 
@@ -253,26 +270,29 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
             "zmq_port": None,
         }
 
-    @app.post("/scored_data")
+    @app.post("/scored_data", openapi_extra=_json_body(GROUP.json_schema()))
     async def scored_data(request: Request) -> dict[str, str]:
         await ingest(request, many=False)
         return {"status": "received"}
 
-    @app.post("/scored_data_list")
+    @app.post(
+        "/scored_data_list",
+        openapi_extra=_json_body({"type": "array", "items": GROUP.json_schema()}),
+    )
     async def scored_data_list(request: Request) -> dict[str, Any]:
         groups = await ingest(request, many=True)
         return {"status": "received", "groups_processed": len(groups)}
 
     @app.get("/batch")
     async def batch(
-        lease: float | None = Query(None, gt=0, description="seconds to hold the batch"),
+        lease: float | None = Query(
+            None,
+            gt=0,
+            le=settings.max_lease_seconds,
+            description="seconds to hold the batch (max_lease_seconds at most)",
+        ),
         wait: float = Query(0, ge=0, le=MAX_WAIT, description="seconds to wait for a batch"),
     ) -> Response:
-        if lease is not None and lease > settings.max_lease_seconds:
-            raise HTTPException(
-                422, f"lease {lease} s exceeds max_lease_seconds {settings.max_lease_seconds}"
-            )
-
         def take() -> Delivery | None:
             reg = registration()
             store.mark_started()
@@ -377,7 +397,7 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
             return Response(json.dumps(EMPTY_EXAMPLE), media_type="application/json")
         return Response(latest["group"], media_type="application/json")
 
-    @app.get("/reset_data")
+    @app.get("/reset_data", response_class=PlainTextResponse)
     async def reset_data() -> PlainTextResponse:
         dropped = await db.call(store.reset)
         db.changed()
@@ -385,7 +405,7 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
         log.warning("reset: queue, envs, registration and step cleared (%d groups)", dropped)
         return PlainTextResponse("Reset successful")
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
         def read() -> str:
             store.expire_leases()

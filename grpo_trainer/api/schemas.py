@@ -21,8 +21,20 @@ from pydantic import (
 )
 
 
+class Problem(BaseModel):
+    """Every error body: ``detail`` is a sentence, or pydantic's list for a request that
+    failed the declared schema before our handler ran."""
+
+    detail: str | list[dict[str, Any]]
+
+
 class Registration(BaseModel):
-    """``POST /register``: the trainer announces its batch shape (and where it resumes)."""
+    """``POST /register``: the trainer announces its batch shape (and where it resumes).
+
+    Strict, as the schema says: ``false`` is not an integer here.
+    """
+
+    model_config = ConfigDict(strict=True)
 
     wandb_group: str = ""
     wandb_project: str = ""
@@ -35,7 +47,9 @@ class Registration(BaseModel):
 
 
 class RegisterEnv(BaseModel):
-    """``POST /register-env``: an environment announces its group size and share."""
+    """``POST /register-env``: an environment announces its group size and share (strict)."""
+
+    model_config = ConfigDict(strict=True)
 
     max_token_length: int = Field(gt=0)
     desired_name: str = Field(min_length=1, max_length=200)
