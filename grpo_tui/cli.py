@@ -1,4 +1,4 @@
-"""The ``grpo-tui`` command: the dashboard (default), ``run`` headless, ``check``, ``view``.
+"""The ``grpo-tui`` command: dashboard (default), run, check, view, sweep, report.
 
 ``check`` and ``run`` never import textual (nor torch): the dashboard and the viewer are
 imported only when asked for. Bad profiles exit 2 with one line per problem.
@@ -7,6 +7,7 @@ imported only when asked for. Bad profiles exit 2 with one line per problem.
 from __future__ import annotations
 
 import shlex
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -55,6 +56,19 @@ ModeOption = Annotated[
             "lora_restart, colocate."
         ),
     ),
+]
+
+
+SetOption = Annotated[
+    list[str],
+    typer.Option(
+        "--set",
+        help="KEY=V1,V2,... a profile key and the values to sweep (repeat for more keys).",
+    ),
+]
+ThresholdOption = Annotated[
+    float,
+    typer.Option("--threshold", help="Reward (5-step mean of reward/mean) to time each run to."),
 ]
 
 
@@ -171,6 +185,9 @@ def run(
     ] = None,
 ) -> None:
     """Run a profile headless: supervise until the exit_with process ends, then shut down."""
+    if run_dir is not None and run_dir.exists():
+        _err().print(f"[bold red]error[/] --run-dir {escape(str(run_dir))}: already exists")
+        raise typer.Exit(EXIT_BAD_INPUT)
     try:
         _, plan = _load(profile, mode, run_dir=run_dir and run_dir.resolve(), in_job=True)
     except ProfileError as error:
@@ -254,9 +271,19 @@ def attach(
 
 @app.command()
 def view(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. runs/quickstart-...")],
+    run_dir: Annotated[
+        Path, typer.Argument(help="A run or sweep directory, e.g. runs/quickstart-...")
+    ],
+    threshold: ThresholdOption = 0.8,
 ) -> None:
-    """Open a finished run's metrics, events and logs (read-only)."""
+    """Open a finished run's metrics, events and logs, or a sweep's comparison (read-only)."""
+    from grpo_tui.sweep.store import SweepDir
+
+    if SweepDir.is_sweep(run_dir):
+        prefer_quick_escape()
+        from grpo_tui.sweep_app import run_sweep_app
+
+        raise typer.Exit(run_sweep_app(SweepDir(run_dir), runner=None, threshold=threshold))
     if not (run_dir / "events.jsonl").is_file() and not (run_dir / "profile.toml").is_file():
         _err().print(f"[bold red]error[/] {escape(str(run_dir))}: not a run directory")
         raise typer.Exit(EXIT_BAD_INPUT)
@@ -304,6 +331,102 @@ def edit(
         link.close()
     applied = " ".join(f"{k}={v}" for k, v in result["values"].items())
     print(f"edited {applied} -> {', '.join(result['processes'])} (from their next step)")
+
+
+@app.command()
+def sweep(
+    profile: Annotated[Path, typer.Argument(help="Profile TOML every cell starts from.")],
+    sets: SetOption,
+    zipped: Annotated[
+        bool, typer.Option("--zip", help="Pair the i-th values of each key instead of a grid.")
+    ] = False,
+    parallel: Annotated[int, typer.Option("--parallel", min=1, help="Cells at once.")] = 1,
+    directory: Annotated[
+        Path | None,
+        typer.Option("--dir", help="Sweep directory (default <output_dir>/<name>-sweep)."),
+    ] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option("--gpus", help="GPUs to share among cells (default CUDA_VISIBLE_DEVICES)."),
+    ] = None,
+    headless: Annotated[
+        bool, typer.Option("--headless", help="No dashboard: print progress lines.")
+    ] = False,
+    threshold: ThresholdOption = 0.8,
+) -> None:
+    """Run a grid of profile variants, N at a time; started again, it runs only unfinished cells."""
+    import os
+
+    from grpo_tui.sweep.grid import check_cells, expand, parse_set
+    from grpo_tui.sweep.resources import gpu_pool, gpus_needed, parallel_limit
+    from grpo_tui.sweep.runner import SweepRunner, run_sweep
+    from grpo_tui.sweep.store import SweepDir, SweepDirError
+
+    try:
+        loaded = load_profile(profile)
+        axes = [parse_set(option) for option in sets]
+        cells = expand(axes, zipped=zipped)
+        check_cells(loaded, cells)
+    except ProfileError as error:
+        raise _fail(error) from None
+    except ValueError as error:
+        _err().print(f"[bold red]error[/] {escape(str(error))}")
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    pool = gpu_pool(gpus, os.environ)
+    per_cell = gpus_needed(loaded.data)
+    if per_cell and not pool and parallel > 1:
+        _err().print(
+            f"[bold red]error[/] the profile uses {per_cell} GPU(s) per cell: give --gpus "
+            "(or CUDA_VISIBLE_DEVICES) to share GPUs among parallel cells"
+        )
+        raise typer.Exit(EXIT_BAD_INPUT)
+    limit = parallel_limit(parallel, per_cell if pool else 0, pool)
+    if limit < 1:
+        _err().print(f"[bold red]error[/] one cell needs {per_cell} GPUs; --gpus gives {len(pool)}")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    where = directory or Path(loaded.run.output_dir) / f"{loaded.run.name}-sweep"
+    store = SweepDir(where)
+    try:
+        record = store.create_or_match(profile, axes, cells, zipped=zipped)
+    except SweepDirError as error:
+        _err().print(f"[bold red]error[/] {escape(str(error))}")
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    console = Console(highlight=False, soft_wrap=True)
+
+    def log(line: str) -> None:
+        console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(line)}")
+
+    runner = SweepRunner(
+        store, record, loaded, parallel=limit, gpus=pool if per_cell else [], log=log
+    )
+    log(f"sweep {store.path}: {len(cells)} cells, up to {limit} at once")
+    if headless:
+        code = run_sweep(runner)
+        log(f"sweep {'finished' if code == 0 else 'ended'} (exit {code}); grpo-tui view {where}")
+        raise typer.Exit(code)
+    prefer_quick_escape()
+    from grpo_tui.sweep_app import run_sweep_app
+
+    raise typer.Exit(run_sweep_app(store, runner=runner, threshold=threshold))
+
+
+@app.command()
+def report(
+    target: Annotated[Path, typer.Argument(help="A sweep directory or a run directory.")],
+    output: Annotated[
+        Path | None, typer.Option("--output", "-o", help="HTML file (default TARGET/report.html).")
+    ] = None,
+    threshold: ThresholdOption = 0.8,
+) -> None:
+    """Write a self-contained HTML report (curves as inline SVG, the comparison table)."""
+    from grpo_tui.sweep.report import write_report
+
+    try:
+        path = write_report(target, output or target / "report.html", threshold=threshold)
+    except ValueError as error:
+        _err().print(f"[bold red]error[/] {escape(str(error))}")
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    Console(highlight=False).print(f"report: {path}", markup=False)
 
 
 def describe_probe(probe: HttpProbe | TcpProbe | ExecProbe | LogLineProbe | None) -> str:

@@ -153,6 +153,12 @@ class MetricChart(Vertical):
         if self.spec.x == "step":
             self.query_one(Plot).set_x_formatter(StepAxisFormatter())
 
+    def show_spec(self, spec: ChartSpec) -> None:
+        """Chart another set of series from the next :meth:`redraw` on."""
+        self.spec = spec
+        self.border_title = spec.title
+        self._signature = None
+
     def redraw(self, store: SeriesStore) -> bool:
         """Draw the current data if it changed since the last call; True if it redrew."""
         names = self.spec.series_names(store)
