@@ -11,6 +11,7 @@ and the line, so that a person can fix all of them in one pass.
 from __future__ import annotations
 
 import difflib
+import json
 import re
 import tomllib
 from collections.abc import Iterable, Mapping, Sequence
@@ -71,14 +72,20 @@ class RunSettings(BaseModel):
         return self.model == "tiny"
 
 
+_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
 def format_key(path: Iterable[str | int]) -> str:
-    """``("env", 0, "group_size")`` -> ``env[0].group_size``."""
+    """``("env", 0, "group_size")`` -> ``env[0].group_size``; a key that is not a bare
+    TOML key is quoted as TOML quotes it (``run." "``), so every key reads unambiguously."""
     out = ""
     for part in path:
         if isinstance(part, int):
             out += f"[{part}]"
-        else:
-            out += f".{part}" if out else part
+            continue
+        if not _BARE_KEY.match(part):
+            part = json.dumps(part, ensure_ascii=False)
+        out += f".{part}" if out else part
     return out
 
 

@@ -27,7 +27,7 @@ TESTS = Path(__file__).resolve().parent
 SEEDED = [901, 902, 903]
 
 
-def fuzz(url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def fuzz(url: str, cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
         "SCHEMATHESIS_HOOKS": "schemathesis_hooks",
@@ -38,11 +38,13 @@ def fuzz(url: str, *args: str) -> subprocess.CompletedProcess[str]:
         [*command, "--checks", "all", "--exclude-checks", "positive_data_acceptance",
          "--max-examples", "8", "--seed", "18", "--request-timeout", "10",
          "--no-color", *args],
-        capture_output=True, text=True, timeout=150, env=env,
+        capture_output=True, text=True, timeout=150, env=env, cwd=cwd,
     )  # fmt: skip
 
 
-def test_schemathesis_finds_nothing_and_nothing_acknowledged_is_lost(start_api) -> None:
+def test_schemathesis_finds_nothing_and_nothing_acknowledged_is_lost(
+    start_api, tmp_path: Path
+) -> None:
     server = start_api()
     with server.client() as client:
         start_run(client, batch_size=8)
@@ -50,7 +52,7 @@ def test_schemathesis_finds_nothing_and_nothing_acknowledged_is_lost(start_api) 
             assert client.post("/scored_data", json=group(marker)).status_code == 200
 
     first = fuzz(
-        server.url, "--exclude-path", "/reset_data", "--exclude-path", "/batch",
+        server.url, tmp_path, "--exclude-path", "/reset_data", "--exclude-path", "/batch",
         "--exclude-path", "/batch/ack",
     )  # fmt: skip
     assert first.returncode == 0, first.stdout[-6000:] + first.stderr[-2000:]
@@ -70,7 +72,9 @@ def test_schemathesis_finds_nothing_and_nothing_acknowledged_is_lost(start_api) 
         assert set(SEEDED) <= set(served), f"acknowledged groups lost: {served}"
 
     # the coverage phase sends boundary values (wait=60) without the hooks: a long poll
-    second = fuzz(server.url, "--include-path-regex", "^/batch", "--phases", "fuzzing,stateful")
+    second = fuzz(
+        server.url, tmp_path, "--include-path-regex", "^/batch", "--phases", "fuzzing,stateful"
+    )
     assert second.returncode == 0, second.stdout[-6000:] + second.stderr[-2000:]
     with server.client() as client:
         assert client.get("/health").status_code == 200
