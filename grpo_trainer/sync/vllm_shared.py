@@ -22,6 +22,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -52,6 +53,10 @@ class VllmSharedSync(PausedUpdateSync):
         self.zero_copy = False
         self._group: Any = None
         self._layout: list[tuple[str, list[int], str]] | None = None
+        self._receiver: threading.Thread | None = None
+        self._failure: list[BaseException] = []
+        self._phases: dict[str, float] = {}
+        self._started = 0.0
 
     def attach(self, model: nn.Module) -> nn.Module:
         """Share vLLM's weights on the same GPU, else open the NCCL transfer group."""
@@ -139,58 +144,97 @@ class VllmSharedSync(PausedUpdateSync):
         """Zero-copy: reset the prefix cache. NCCL: broadcast every parameter to vLLM."""
         if self.zero_copy:
             return super().sync(model, step)
-        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
-
         start = time.perf_counter()
-        phases: dict[str, float] = {}
-        named = iter(model.named_parameters())
-        if self._layout is not None:
-            layout = self._layout
-            stream = kernel_tensors(named, layout)
-        else:
-            layout = [
-                (name, list(p.shape), str(p.dtype).removeprefix("torch."))
-                for name, p in model.named_parameters()
-            ]
-            stream = named
+        params = [
+            (name, list(p.shape), str(p.dtype).removeprefix("torch."))
+            for name, p in model.named_parameters()
+        ]
+        try:
+            self.begin_transfer(params)
+            with torch.no_grad():
+                self.send(iter(model.named_parameters()))
+        finally:
+            phases = self.end_transfer()
+        return SyncResult(sync_time=time.perf_counter() - start, policy_version=step, phases=phases)
+
+    def open_transfer(self, model: nn.Module) -> None:
+        """Open the NCCL group to vLLM on other GPUs (a sharded trainer: on rank 0 only)."""
+        device = next(model.parameters()).device
+        if device.type != "cuda":
+            raise SyncError("shared_vllm on vLLM needs the trainer on a CUDA device")
+        if same_gpu(self.client, model):
+            raise SyncError(
+                "shared_vllm with a multi-GPU trainer needs vLLM off rank 0's GPU (NCCL weight "
+                "transfer): zero-copy sharing needs the whole model on one trainer GPU"
+            )
+        self._init_nccl(device)
+        self._layout = self._kernel_layout(model)
+
+    def begin_transfer(self, params: list[tuple[str, list[int], str]]) -> None:
+        """Pause generation, open a weight update, and have vLLM receive in the background.
+
+        ``params`` is the trainer's ``(name, shape, dtype)`` per parameter, in order (sent
+        as is, in checkpoint format, unless vLLM's own layout is known). Always follow with
+        ``end_transfer``, which resumes generation.
+        """
+        layout = self._layout if self._layout is not None else params
         update_info = {
             "names": [name for name, _, _ in layout],
             "dtype_names": [dtype for _, _, dtype in layout],
             "shapes": [shape for _, shape, _ in layout],
             "packed": True,
         }
-        failure: list[BaseException] = []
 
         def server_side() -> None:
             try:
                 self.client.post("/update_weights", json={"update_info": update_info})
             except BaseException as error:
-                failure.append(error)
+                self._failure.append(error)
 
-        def lap(phase: str) -> None:
-            phases[phase] = time.perf_counter() - start - sum(phases.values())
-
+        self._started = time.perf_counter()
+        self._phases = {}
+        self._failure = []
         self.client.post("/pause", mode="wait")
-        lap("pause")
+        self._lap("pause")
+        self.client.post(
+            "/start_weight_update", json={"is_checkpoint_format": self._layout is None}
+        )
+        self._lap("start")
+        self._receiver = threading.Thread(target=server_side, daemon=True)
+        self._receiver.start()
+
+    def send(self, named: Iterator[tuple[str, torch.Tensor]]) -> None:
+        """Broadcast the trainer's HF-named tensors over NCCL, in vLLM's layout when known.
+
+        ``named`` is consumed lazily (a sharded trainer gathers one parameter at a time).
+        """
+        from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
+
+        stream = kernel_tensors(named, self._layout) if self._layout is not None else named
+        NCCLWeightTransferEngine.trainer_send_weights(
+            stream, {"group": self._group, "packed": True}
+        )
+
+    def end_transfer(self) -> dict[str, float]:
+        """Wait until vLLM loaded what was sent, finish the update, resume generation.
+
+        Returns the seconds per phase (pause, start, transfer, finish, resume).
+        """
         try:
-            self.client.post(
-                "/start_weight_update", json={"is_checkpoint_format": self._layout is None}
-            )
-            lap("start")
-            worker = threading.Thread(target=server_side, daemon=True)
-            worker.start()
-            with torch.no_grad():
-                NCCLWeightTransferEngine.trainer_send_weights(
-                    stream, {"group": self._group, "packed": True}
-                )
-            worker.join()
-            lap("transfer")
-            if failure:
-                raise SyncError(f"vLLM /update_weights failed: {failure[0]}")
-            self.client.post("/finish_weight_update")
-            lap("finish")
+            if self._receiver is not None:
+                self._receiver.join()
+                self._lap("transfer")
+                if self._failure:
+                    raise SyncError(f"vLLM /update_weights failed: {self._failure[0]}")
+                self.client.post("/finish_weight_update")
+                self._lap("finish")
         finally:
+            self._receiver = None
             self.client.post("/resume")
         self.client.post("/reset_prefix_cache")
-        lap("resume")
-        return SyncResult(sync_time=time.perf_counter() - start, policy_version=step, phases=phases)
+        self._lap("resume")
+        return dict(self._phases)
+
+    def _lap(self, phase: str) -> None:
+        elapsed = time.perf_counter() - self._started
+        self._phases[phase] = elapsed - sum(self._phases.values())

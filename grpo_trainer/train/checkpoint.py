@@ -19,6 +19,7 @@ from torch import nn
 from transformers import PreTrainedTokenizerBase
 
 from grpo_trainer.train.resume import (
+    SHARDED_DIR,
     STATE_FILE,
     CheckpointKind,
     checkpoint_name,
@@ -127,10 +128,11 @@ def save_checkpoint(
     *,
     checkpoint_dir: str | Path,
     step: int,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None,
     scheduler: dict[str, Any],
     config: dict[str, Any],
     base: str | None,
+    sharded_state: Path | None = None,
 ) -> list[Path]:
     """Write the step's checkpoint(s); returns the directories written.
 
@@ -138,14 +140,12 @@ def save_checkpoint(
     with the adapter and trainer state, then ``step_N/`` merged weights (kind ``merged``)
     so that a switch to a full mode has a base (adapter first: a kill between the two
     still resumes the LoRA run exactly).
+
+    The resumable state is ``optimizer.pt`` (``optimizer``: one process), or the staged
+    ``sharded_state`` folder that a multi-rank trainer wrote (``dcp.py``), moved in.
     """
     root = Path(checkpoint_dir)
     lora = is_peft(model)
-    trainer_state = {
-        "optimizer": optimizer.state_dict(),
-        "scheduler": scheduler,
-        "rng": rng_state(),
-    }
     kind: CheckpointKind = "adapter" if lora else "full"
     meta = {"step": step, "kind": kind, "base": base if lora else None, "config": config}
 
@@ -156,7 +156,11 @@ def save_checkpoint(
                 tokenizer.save_pretrained(tmp)
         else:
             _save_full(model, tokenizer, tmp)
-        torch.save(trainer_state, tmp / OPTIMIZER_FILE)
+        if sharded_state is not None:
+            sharded_state.rename(tmp / SHARDED_DIR)
+        elif optimizer is not None:
+            state = {"optimizer": optimizer.state_dict(), "scheduler": scheduler}
+            torch.save({**state, "rng": rng_state()}, tmp / OPTIMIZER_FILE)
         (tmp / STATE_FILE).write_text(json.dumps(meta, indent=1))
 
     written = [_write_atomically(root / checkpoint_name(step, adapter=lora), write_main)]

@@ -42,6 +42,13 @@ class TrainerConfig(BaseModel):
     dtype: Dtype = "float32"
     device: str = "cpu"
     gradient_checkpointing: bool = False
+    cpu_offload: bool = Field(
+        False,
+        description=(
+            "multi-GPU trainer (torchrun): keep the FSDP2 shards, gradients and optimizer "
+            "state in CPU memory (slower steps, much less GPU memory)"
+        ),
+    )
     seed: int = 0
     cpu_threads: int | None = Field(
         None,

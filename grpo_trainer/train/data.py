@@ -187,12 +187,22 @@ def _pad(rows: list[_Row], pad_id: int) -> MicroBatch:
 
 
 def build_step_batch(
-    groups: list[Group], *, micro_batch_size: int, seq_len: int, pad_id: int
+    groups: list[Group],
+    *,
+    micro_batch_size: int,
+    seq_len: int,
+    pad_id: int,
+    share: slice = slice(None),
 ) -> StepBatch:
-    """Flatten groups into sequences, in order, and cut micro-batches of ``micro_batch_size``."""
+    """Flatten groups into sequences, in order, and cut micro-batches of ``micro_batch_size``.
+
+    ``share`` selects this rank's sequences (a multi-rank trainer): advantages, counts and
+    batch facts still come from the whole step, so each rank's loss is its exact share.
+    """
     rows = [row for index, group in enumerate(groups) for row in _rows(group, index, seq_len)]
+    mine = rows[share]
     micro = [
-        _pad(rows[i : i + micro_batch_size], pad_id) for i in range(0, len(rows), micro_batch_size)
+        _pad(mine[i : i + micro_batch_size], pad_id) for i in range(0, len(mine), micro_batch_size)
     ]
     lengths = [int(sum(r.trained)) for r in rows]
     return StepBatch(

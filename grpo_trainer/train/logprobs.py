@@ -168,6 +168,24 @@ def output_projection(model: nn.Module) -> Tensor:
     return head.weight
 
 
+def final_hidden_states(model: nn.Module, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    """The decoder's final (normed) hidden states ``[B, L, H]``, through the model's forward.
+
+    Through the top-level forward (head on the last position only), not the bare decoder:
+    an FSDP2-sharded model gathers its root parameters (embeddings, final norm, the tied
+    head) in that forward and keeps them gathered for the backward, so the head weight
+    read afterwards is the whole tensor and its gradient is reduced like any other.
+    """
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        logits_to_keep=1,
+        output_hidden_states=True,
+        use_cache=False,
+    )
+    return out.hidden_states[-1]
+
+
 def chunked_token_logprobs(
     model: nn.Module,
     input_ids: Tensor,
@@ -182,7 +200,7 @@ def chunked_token_logprobs(
     ``temperatures`` is ``[B]``. Runs the decoder for final hidden states, then the LM head
     slice by vocabulary slice (see ``ChunkedTokenLogprobs``).
     """
-    hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask)[0]
+    hidden = final_hidden_states(model, input_ids, attention_mask)
     batch, length = input_ids.shape
     flat_hidden = hidden[:, :-1].reshape(-1, hidden.shape[-1])
     labels = input_ids[:, 1:].reshape(-1)

@@ -14,6 +14,10 @@ Per optimizer step::
 SIGTERM / SIGINT ask for a graceful stop: the current step finishes, a checkpoint is
 written, and ``run`` returns normally. So does a sync that the supervisor refuses because
 it is shutting down.
+
+Under torchrun (``distributed.py``) rank 0 leases each batch and broadcasts it, every rank
+trains its share of the sequences, metrics are reduced over ranks and only rank 0 reports
+them, and a stop on any rank stops every rank after the same step.
 """
 
 from __future__ import annotations
@@ -27,11 +31,13 @@ from dataclasses import dataclass
 import torch
 from pydantic import ValidationError
 from torch import nn
+from torch.distributed.tensor import DTensor
 from transformers import PreTrainedTokenizerBase
 
 from grpo_trainer.live_edits import EditWatcher
 from grpo_trainer.sync.base import WeightSync
 from grpo_trainer.sync.restart import SupervisorStopping
+from grpo_trainer.train.api_client import LeasedBatch
 from grpo_trainer.train.checkpoint import (
     load_trainer_state,
     prune_checkpoints,
@@ -39,7 +45,16 @@ from grpo_trainer.train.checkpoint import (
     set_rng_state,
 )
 from grpo_trainer.train.config import TrainerConfig
-from grpo_trainer.train.data import MicroBatch, StepBatch, build_step_batch, parse_groups
+from grpo_trainer.train.consolidate import Consolidator
+from grpo_trainer.train.data import (
+    DataError,
+    MicroBatch,
+    StepBatch,
+    build_step_batch,
+    parse_groups,
+)
+from grpo_trainer.train.dcp import has_sharded_state, load_sharded_state, save_sharded_checkpoint
+from grpo_trainer.train.distributed import Dist, rank_slice
 from grpo_trainer.train.logprobs import chunked_token_logprobs
 from grpo_trainer.train.loss import LossOutput, LossSettings, policy_loss
 from grpo_trainer.train.optim import build_optimizer, lr_factor
@@ -75,7 +90,15 @@ class _Sums:
     pos_tokens: float = 0.0
     neg_logp: float = 0.0
     neg_tokens: float = 0.0
-    processed_tokens: int = 0
+    processed_tokens: float = 0.0
+
+    def reduced(self, world: Dist) -> _Sums:
+        """The sums over every rank (``max_diff``: the maximum)."""
+        names = [name for name in vars(self) if name != "max_diff"]
+        totals = world.sum([getattr(self, name) for name in names])
+        out = _Sums(**dict(zip(names, totals, strict=True)))
+        out.max_diff = world.max([self.max_diff])[0]
+        return out
 
 
 def peak_memory_gb(device: str) -> float:
@@ -95,13 +118,19 @@ class Trainer:
         tokenizer: PreTrainedTokenizerBase,
         *,
         base: str,
-        source: BatchSource,
+        source: BatchSource | None,
         reporter: Reporter,
         strategy: WeightSync | None = None,
         reference: nn.Module | None = None,
         resume: ResumePoint | None = None,
+        world: Dist | None = None,
+        consolidator: Consolidator | None = None,
     ) -> None:
         self.config = config
+        self.world = world or Dist(device=config.device)
+        self.consolidator = consolidator
+        if self.world.enabled and consolidator is None:
+            raise ValueError("a multi-rank trainer needs a Consolidator (rank 0's CPU mirror)")
         self.tokenizer = tokenizer
         self.base = base
         self.source = source
@@ -113,7 +142,15 @@ class Trainer:
         self.optimizer = build_optimizer(
             self.model, config.optimizer, config.base_lr, config.weight_decay
         )
-        if resume is not None and resume.exact:
+        if resume is not None and resume.exact and has_sharded_state(resume.checkpoint):
+            load_sharded_state(resume.checkpoint, self.model, self.optimizer, self.world)
+        elif resume is not None and resume.exact and self.world.enabled:
+            reporter.event(
+                "info",
+                f"resuming at step {resume.step} from {resume.checkpoint} with fresh optimizer "
+                "state (a single-process checkpoint has no sharded optimizer state)",
+            )
+        elif resume is not None and resume.exact:
             state = load_trainer_state(resume.checkpoint)
             self.optimizer.load_state_dict(state["optimizer"])
             set_rng_state(state["rng"])
@@ -136,7 +173,8 @@ class Trainer:
 
     def run(self, on_ready: Callable[[], None] | None = None) -> int:
         """Train until ``training_steps`` or a stop request; returns the last step."""
-        self.source.start(self.step)
+        if self.source is not None:
+            self.source.start(self.step)
         print(READY_LINE, flush=True)
         if on_ready is not None:
             on_ready()
@@ -144,7 +182,7 @@ class Trainer:
         try:
             while self.step < self.config.training_steps and not self.stop_requested:
                 wait_start = time.perf_counter()
-                leased = self.source.next_batch(self.step, lambda: self.stop_requested)
+                leased = self._next_batch()
                 if leased is None:
                     break
                 data_wait = time.perf_counter() - wait_start
@@ -155,13 +193,15 @@ class Trainer:
                     micro_batch_size=self.config.batch_size,
                     seq_len=self.config.seq_len,
                     pad_id=self.tokenizer.pad_token_id,
+                    share=rank_slice(sum(len(g.tokens) for g in groups), self.world),
                 )
                 if self.strategy is not None:
                     clock.enter("sleeping", self.step)
                     self.strategy.before_train_step()
                 clock.enter("training", self.step)
                 metrics = self.train_step(batch)
-                self.source.done(leased, self.step)
+                if self.source is not None:
+                    self.source.done(leased, self.step)
                 metrics["data_wait_time"] = data_wait
                 metrics.update(self.hyperparameters())
                 clock.enter("syncing", self.step)
@@ -171,14 +211,17 @@ class Trainer:
                     wake = self.strategy.phase_times().get("wake_s", 0.0)
                     clock.move(wake, "syncing", "waking")
                 metrics.update(clock.take())
-                self.reporter.metrics(self.step, metrics)
+                self.stop_requested = self.world.any(self.stop_requested)
+                if self.world.is_main:
+                    self.reporter.metrics(self.step, metrics)
                 interval = self.config.checkpoint_interval
                 if interval and self.step % interval == 0:
                     self.checkpoint()
         finally:
             if self.step > self.last_saved_step:
                 self.checkpoint()
-            self.source.close()
+            if self.source is not None:
+                self.source.close()
             if self.strategy is not None:
                 self.strategy.close()
         return self.step
@@ -189,7 +232,7 @@ class Trainer:
         Validated again here with the trainer's own config (the supervisor already did);
         a value this process cannot take is refused with an error event, the rest applies.
         """
-        changed = self.edits.poll()
+        changed = self.world.broadcast(self.edits.poll() if self.world.is_main else None)
         if not changed:
             return
         current = self.config.model_dump()
@@ -226,8 +269,47 @@ class Trainer:
             values["hparam/tis_cap"] = config.tis_cap
         return values
 
+    def _next_batch(self) -> LeasedBatch | None:
+        """Rank 0 leases the step's batch and every rank gets it; None: stop first.
+
+        A failure on rank 0 (bad data, API gone) reaches the other ranks as a ``DataError``
+        so that no rank waits forever in the broadcast.
+        """
+        if self.source is not None and not self.world.enabled:
+            return self.source.next_batch(self.step, lambda: self.stop_requested)
+        if self.source is not None:
+            try:
+                leased = self.source.next_batch(self.step, lambda: self.stop_requested)
+            except Exception as exc:
+                self.world.broadcast(("error", str(exc)))
+                raise
+            self.world.broadcast(("ok", None if leased is None else leased.groups))
+            return leased
+        status, payload = self.world.broadcast(None)
+        if status == "error":
+            raise DataError(f"rank 0 could not get the step's batch: {payload}")
+        return None if payload is None else LeasedBatch(groups=payload, batch_id=None)
+
     def checkpoint(self) -> None:
         """Save the current step and prune old checkpoints."""
+        if self.consolidator is not None:
+            save_sharded_checkpoint(
+                self.model,
+                self.tokenizer,
+                checkpoint_dir=self.config.checkpoint_dir,
+                step=self.step,
+                optimizer=self.optimizer,
+                scheduler={"step": self.step, "lr_schedule": self.config.lr_schedule},
+                config=self.config.model_dump(mode="json"),
+                base=self.base,
+                world=self.world,
+                consolidator=self.consolidator,
+            )
+            if self.world.is_main:
+                prune_checkpoints(self.config.checkpoint_dir, self.config.keep_checkpoints)
+            self.world.barrier()
+            self.last_saved_step = self.step
+            return
         save_checkpoint(
             self.model,
             self.tokenizer,
@@ -304,10 +386,12 @@ class Trainer:
                 ref_logp=self._reference_logprobs(micro),
                 entropy=out.entropy,
             )
-            result.loss.backward()
+            # FSDP2 averages gradients over ranks; each loss is this rank's share of the sum
+            (result.loss * self.world.world_size).backward()
             self._accumulate(sums, micro, out.logprobs.detach(), out.entropy, result)
         params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, config.grad_clip))
+        norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+        grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
         lr = self._lr()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -320,7 +404,7 @@ class Trainer:
         lag_base = self.step
         self.step += 1
         step_time = time.perf_counter() - started
-        return self._metrics(sums, batch, lr, grad_norm, step_time, lag_base)
+        return self._metrics(sums.reduced(self.world), batch, lr, grad_norm, step_time, lag_base)
 
     @staticmethod
     def _accumulate(
@@ -351,7 +435,7 @@ class Trainer:
         sums.pos_tokens += float(pos.sum())
         sums.neg_logp += float((logp * neg).sum())
         sums.neg_tokens += float(neg.sum())
-        sums.processed_tokens += int(micro.attention_mask.sum())
+        sums.processed_tokens += float(micro.attention_mask.sum())
 
     def _metrics(
         self,
@@ -386,9 +470,13 @@ class Trainer:
             "completion_len/max": float(max(lengths, default=0)),
             "tokens_per_s": sums.processed_tokens / max(step_time, 1e-9),
             "step_time": step_time,
-            "peak_memory_gb": peak_memory_gb(self.config.device),
             "training_steps": float(self.config.training_steps),
         }
+        peaks = self.world.gather(peak_memory_gb(self.config.device))
+        if self.world.is_main:
+            metrics["peak_memory_gb"] = max(peaks)
+        if self.world.enabled:
+            metrics.update({f"gpu_memory_gb/rank{r}": gb for r, gb in enumerate(peaks)})
         if self.config.beta > 0:
             metrics["kl"] = sums.kl / n
         if batch.policy_versions:

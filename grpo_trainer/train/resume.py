@@ -10,6 +10,9 @@ Layout under the checkpoint directory::
                       or the merged weights that a LoRA run writes next to each adapter
     adapter_step_N/   a LoRA adapter (adapter_config.json records its base) + trainer state
 
+Trainer state: ``optimizer.pt`` (one process) or ``dcp/`` (a multi-rank trainer: torch
+Distributed Checkpoint, resumable on any number of ranks; see ``train/dcp.py``).
+
 A checkpoint counts only once ``trainer_state.json`` exists in it: it is written last and
 the directory is renamed into place, so a kill mid-save never leaves a broken "latest".
 """
@@ -24,6 +27,9 @@ from typing import Literal
 
 STATE_FILE = "trainer_state.json"
 """Written last in every checkpoint: step, kind, base model, config."""
+
+SHARDED_DIR = "dcp"
+"""Sharded model + optimizer state (torch DCP) in a checkpoint written by several ranks."""
 
 FULL_PREFIX = "step_"
 ADAPTER_PREFIX = "adapter_step_"

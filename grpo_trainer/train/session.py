@@ -12,6 +12,7 @@ from grpo_trainer.sync.client import SyncError
 from grpo_trainer.train.api_client import ApiClient, ApiRefused, ApiUnreachable, Registration
 from grpo_trainer.train.config import EXIT_BAD_CONFIG, TrainerConfig
 from grpo_trainer.train.data import DataError
+from grpo_trainer.train.distributed import Dist, init_distributed, shutdown_distributed
 from grpo_trainer.train.loop import SyncLagExceeded, Trainer, install_signal_handlers
 from grpo_trainer.train.policy import build_policy, reference_model
 from grpo_trainer.train.reporter import Reporter
@@ -57,13 +58,17 @@ def make_strategy(config: TrainerConfig, reporter: Reporter) -> WeightSync | Non
         return None
     from grpo_trainer.sync.registry import make_strategy as registry_strategy
 
-    context = SyncContext(
+    return registry_strategy(config.weight_bridge_mode, sync_context(config), link=reporter.link)
+
+
+def sync_context(config: TrainerConfig) -> SyncContext:
+    """What a weight-sync strategy needs to know about the run."""
+    return SyncContext(
         inference_url=config.inference_url,
         served_model_name=config.served_model_name,
         checkpoint_dir=config.checkpoint_dir,
         backend=config.inference_backend,
     )
-    return registry_strategy(config.weight_bridge_mode, context, link=reporter.link)
 
 
 def _cannot_sync(reporter: Reporter, exc: SyncError) -> int:
@@ -74,38 +79,110 @@ def _cannot_sync(reporter: Reporter, exc: SyncError) -> int:
     return EXIT_BAD_CONFIG
 
 
+def _sharded_trainer(
+    config: TrainerConfig, world: Dist, reporter: Reporter, point: ResumePoint | None
+) -> Trainer:
+    """The multi-rank trainer: policy loaded on CPU in float32, sharded with FSDP2.
+
+    Rank 0 alone leases batches, reports and talks to inference (through ``ShardedSync``);
+    every rank holds a shard and takes part in each collective.
+    """
+    from grpo_trainer.models import DTYPES
+    from grpo_trainer.sync.sharded import ShardedSync
+    from grpo_trainer.train.consolidate import Consolidator
+    from grpo_trainer.train.fsdp import shard_model
+
+    on_cpu = config.model_copy(
+        update={"device": "cpu", "dtype": "float32", "gradient_checkpointing": False}
+    )
+    policy = build_policy(on_cpu, point)
+    consolidator = Consolidator(policy.model, world, config.dtype)
+    shard = {"dtype": config.dtype, "cpu_offload": config.cpu_offload}
+    model = shard_model(
+        policy.model, world, activation_checkpointing=config.gradient_checkpointing, **shard
+    )
+    reference = reference_model(on_cpu)
+    if reference is not None:
+        reference = shard_model(reference, world, **shard)
+    strategy = None
+    if config.sync_every:
+        strategy = ShardedSync(
+            sync_context(config),
+            mode=config.weight_bridge_mode,
+            inner=make_strategy(config, reporter) if world.is_main else None,
+            world=world,
+            consolidator=consolidator,
+            dtype=DTYPES[config.dtype],
+        )
+    return Trainer(
+        config,
+        model,
+        load_tokenizer(config.model_name),
+        base=policy.base,
+        source=make_source(config, reporter) if world.is_main else None,
+        reporter=reporter,
+        strategy=strategy,
+        reference=reference,
+        resume=point,
+        world=world,
+        consolidator=consolidator,
+    )
+
+
+def _trainer(config: TrainerConfig, reporter: Reporter, point: ResumePoint | None) -> Trainer:
+    """The single-process trainer: one device, no process group."""
+    policy = build_policy(config, point)
+    return Trainer(
+        config,
+        policy.model,
+        load_tokenizer(config.model_name),
+        base=policy.base,
+        source=make_source(config, reporter),
+        reporter=reporter,
+        strategy=make_strategy(config, reporter),
+        reference=reference_model(config),
+        resume=point,
+    )
+
+
 def run_session(config: TrainerConfig) -> int:
     """Run the trainer; returns the exit status: 0, 1 failure while running, 2 a weight
-    sync that cannot start (before the first step), each with one clear line."""
+    sync that cannot start (before the first step), each with one clear line.
+
+    Under torchrun with ``WORLD_SIZE`` > 1 every rank runs this; rank 0 reports.
+    """
+    world = init_distributed(config.device)
+    try:
+        return _run(config.model_copy(update={"device": world.device}), world)
+    finally:
+        shutdown_distributed(world)
+
+
+def _run(config: TrainerConfig, world: Dist) -> int:
     torch.manual_seed(config.seed)
     if config.torch_threads is not None:
         torch.set_num_threads(config.torch_threads)
     print(f"torch CPU threads: {torch.get_num_threads()}", file=sys.stderr, flush=True)
-    reporter = Reporter.for_run(
-        save_path=config.save_path,
-        metrics_file=config.metrics_file,
-        use_wandb=config.use_wandb,
-        wandb_project=config.wandb_project,
-        wandb_group=config.wandb_group,
-        config=config.model_dump(mode="json"),
-    )
+    if world.is_main:
+        reporter = Reporter.for_run(
+            save_path=config.save_path,
+            metrics_file=config.metrics_file,
+            use_wandb=config.use_wandb,
+            wandb_project=config.wandb_project,
+            wandb_group=config.wandb_group,
+            config=config.model_dump(mode="json"),
+        )
+    else:
+        reporter = Reporter(link=None, metrics_path=None)
     try:
         point = resume_point(config)
         if point is not None:
             reporter.event("info", f"resuming from {point.checkpoint} at step {point.step}")
-        policy = build_policy(config, point)
         try:
-            trainer = Trainer(
-                config,
-                policy.model,
-                load_tokenizer(config.model_name),
-                base=policy.base,
-                source=make_source(config, reporter),
-                reporter=reporter,
-                strategy=make_strategy(config, reporter),
-                reference=reference_model(config),
-                resume=point,
-            )
+            if world.enabled:
+                trainer = _sharded_trainer(config, world, reporter, point)
+            else:
+                trainer = _trainer(config, reporter, point)
         except SyncError as exc:
             return _cannot_sync(reporter, exc)
         install_signal_handlers(trainer)

@@ -1,0 +1,154 @@
+"""The multi-rank trainer on CPU (gloo): FSDP2 shards, batch split, DCP checkpoints.
+
+One real ``torchrun --standalone --nproc-per-node 2`` run of the trainer against the same
+batches file as a single-process run in this test's process: the losses and gradient
+norms match (float32, relative difference < 1e-5), only rank 0 reports (one socket
+connection, each step once), and its DCP checkpoint resumes on one process exactly
+where the single-process run went.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from test_trainer_control_socket import SocketServer
+from train_helpers import REPO, make_groups, tiny_model, trainer_env, write_groups
+
+from grpo_trainer.models import load_model
+from grpo_trainer.train.config import TrainerConfig
+from grpo_trainer.train.data import build_step_batch, parse_groups
+from grpo_trainer.train.distributed import Dist, rank_slice
+from grpo_trainer.train.logprobs import chunked_token_logprobs
+from grpo_trainer.train.loss import LossSettings, policy_loss
+from grpo_trainer.train.resume import SHARDED_DIR
+from grpo_trainer.train.session import run_session
+
+STEP_SEQUENCES = 8  # batch size 4 x 2 accumulation steps: one micro-batch per rank on 2 ranks
+
+
+def _flags(model: Path, batches: Path, save: Path, metrics: Path, steps: int) -> list[str]:
+    return [
+        "--model-name", str(model),
+        "--batches-file", str(batches),
+        "--save-path", str(save),
+        "--metrics-file", str(metrics),
+        "--training-steps", str(steps),
+        "--sync-every", "0",
+        "--lr", "1e-3",
+        "--loss-type", "dapo",
+        "--batch-size", "4",
+        "--gradient-accumulation-steps", "2",
+        "--seq-len", "64",
+        "--checkpoint-interval", "1",
+        "--cpu-threads", "1",
+    ]  # fmt: skip
+
+
+def _records(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _close(a: float, b: float, rel: float = 1e-5) -> bool:
+    return math.isclose(a, b, rel_tol=rel)
+
+
+def test_two_ranks_match_one_rank_and_resume_on_one(tmp_path: Path) -> None:
+    model = tiny_model(tmp_path / "model")
+    groups = make_groups(model, count=6, group_size=4, seed=1)
+    batches = write_groups(tmp_path / "batches.jsonl", groups)
+    server = SocketServer(tmp_path / "control.sock")
+    try:
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", "2", "-m", "grpo_trainer.train",
+            *_flags(model, batches, tmp_path / "two", tmp_path / "two.jsonl", steps=2),
+        ]  # fmt: skip
+        env = trainer_env(GRPO_TUI_SOCKET=str(server.path), GRPO_TUI_PROCESS="trainer")
+        two_ranks = subprocess.Popen(
+            command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        # the single-process run of the same steps, meanwhile, in this process
+        one = tmp_path / "one.jsonl"
+        flags = _flags(model, batches, tmp_path / "one", one, steps=3)
+        assert run_session(TrainerConfig.from_argv(flags)) == 0
+        output, _ = two_ranks.communicate(timeout=240)
+        assert two_ranks.returncode == 0, output[-3000:]
+        socket_steps = server.steps()
+        connections = len(server.conns)
+    finally:
+        server.close()
+
+    straight = {r["step"]: r["data"] for r in _records(one)}
+    sharded = {r["step"]: r["data"] for r in _records(tmp_path / "two.jsonl")}
+    assert sorted(sharded) == [1, 2]  # rank 0 alone writes metrics.jsonl
+    assert connections == 1 and socket_steps == [1, 2]  # only rank 0 connects
+    for step in (1, 2):
+        for key in ("loss", "grad_norm", "entropy", "mean_ratio"):
+            assert _close(sharded[step][key], straight[step][key]), (step, key)
+        assert {"gpu_memory_gb/rank0", "gpu_memory_gb/rank1"} <= set(sharded[step])
+    # tokens/s counts the tokens of both ranks: the whole step's tokens
+    whole = sum(len(seq) for g in groups[:2] for seq in g["tokens"])
+    assert round(sharded[1]["tokens_per_s"] * sharded[1]["step_time"]) == whole
+
+    step_2 = tmp_path / "two" / "step_2"
+    assert (step_2 / SHARDED_DIR).is_dir() and (step_2 / "model.safetensors").is_file()
+    assert not [p for p in (tmp_path / "two").iterdir() if p.name.startswith(".")]
+
+    resumed = tmp_path / "resumed.jsonl"
+    flags = _flags(model, batches, tmp_path / "two", resumed, steps=3)
+    assert run_session(TrainerConfig.from_argv([*flags, "--resume", "auto"])) == 0
+    (record,) = _records(resumed)
+    assert record["step"] == 3
+    for key in ("loss", "grad_norm", "entropy"):
+        assert _close(record["data"][key], straight[3][key]), key
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+def test_rank_shares_sum_to_the_whole_step(tmp_path: Path, loss_type: str) -> None:
+    """Each rank's loss over its sequences, with the step's denominators, sums to the loss
+    of the whole step, and so do the gradients (what FSDP2's reduction adds up)."""
+    path = tiny_model(tmp_path / "model")
+    groups = parse_groups(make_groups(path, count=2, group_size=4, seed=3))
+    settings = LossSettings(loss_type=loss_type)
+    model = load_model(path, dtype="float32").double()
+
+    def loss_and_grads(share: slice) -> tuple[float, list[torch.Tensor]]:
+        batch = build_step_batch(groups, micro_batch_size=2, seq_len=64, pad_id=0, share=share)
+        model.zero_grad()
+        total = 0.0
+        for micro in batch.micro_batches:
+            out = chunked_token_logprobs(
+                model, micro.input_ids, micro.attention_mask, micro.temperatures.double()
+            )
+            loss = policy_loss(
+                out.logprobs,
+                micro.inference_logprobs.double() - 0.05,  # off-policy: ratio != 1
+                micro.advantages.double(),
+                micro.loss_mask.double(),
+                settings,
+                step_sequences=batch.sequences,
+                step_tokens=batch.tokens,
+                max_len=64,
+            ).loss
+            loss.backward()
+            total += float(loss.detach())
+        return total, [p.grad.clone() for p in model.parameters()]
+
+    whole_loss, whole_grads = loss_and_grads(slice(None))
+    ranks = [Dist(rank=r, world_size=2) for r in (0, 1)]
+    shares = [loss_and_grads(rank_slice(STEP_SEQUENCES, rank)) for rank in ranks]
+    assert shares[0][0] != 0 and shares[1][0] != 0
+    assert math.isclose(shares[0][0] + shares[1][0], whole_loss, rel_tol=1e-12)
+    for whole, a, b in zip(whole_grads, shares[0][1], shares[1][1], strict=True):
+        torch.testing.assert_close(a + b, whole, rtol=1e-10, atol=1e-14)
+
+
+def test_uneven_split_is_refused_with_the_fix() -> None:
+    with pytest.raises(ValueError, match="multiple of the trainer's GPU count"):
+        rank_slice(6, Dist(rank=0, world_size=4))
