@@ -109,7 +109,11 @@ def peak_memory_gb(device: str) -> float:
 
 
 class Trainer:
-    """One GRPO training run over a model, a data source and an optional weight sync."""
+    """One GRPO training run over a model, a data source and an optional weight sync.
+
+    On several ranks (``world``), ``model`` is FSDP2-sharded, ``source`` is rank 0's alone
+    (None elsewhere) and ``consolidator`` holds rank 0's CPU copy for the weights it writes.
+    """
 
     def __init__(
         self,

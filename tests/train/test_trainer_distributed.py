@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import math
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 from test_trainer_control_socket import SocketServer
@@ -152,3 +155,44 @@ def test_rank_shares_sum_to_the_whole_step(tmp_path: Path, loss_type: str) -> No
 def test_uneven_split_is_refused_with_the_fix() -> None:
     with pytest.raises(ValueError, match="multiple of the trainer's GPU count"):
         rank_slice(6, Dist(rank=0, world_size=4))
+
+
+def test_a_stop_on_one_rank_stops_both_after_the_same_step(tmp_path: Path) -> None:
+    """SIGTERM reaching rank 1 alone: both ranks finish the step under way, checkpoint it
+    together and exit 0 (the stop flag is reduced over ranks at each step boundary)."""
+    model = tiny_model(tmp_path / "model")
+    groups = make_groups(model, count=6, group_size=4, seed=1)
+    batches = write_groups(tmp_path / "batches.jsonl", groups[:2])  # step 1 only, for now
+    metrics = tmp_path / "metrics.jsonl"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        "--nproc-per-node", "2", "-m", "grpo_trainer.train",
+        *_flags(model, batches, tmp_path / "ck", metrics, steps=3),
+        "--checkpoint-interval", "0",
+    ]  # fmt: skip
+    group = subprocess.Popen(
+        command, cwd=REPO, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while not (metrics.exists() and metrics.read_text().strip()):
+            assert group.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        ranks = {
+            int(child.environ()["RANK"]): child
+            for child in psutil.Process(group.pid).children()
+            if "RANK" in child.environ()
+        }
+        ranks[1].send_signal(signal.SIGTERM)
+        write_groups(batches, groups[2:4], mode="a")  # rank 0 can now lease step 2
+        output, _ = group.communicate(timeout=180)
+    finally:
+        if group.poll() is None:
+            group.kill()
+            group.wait()
+    assert group.returncode == 0, output[-3000:]
+    assert [r["step"] for r in _records(metrics)] == [1, 2]
+    steps = sorted(p.name for p in (tmp_path / "ck").iterdir())
+    assert steps == ["step_2"]
+    assert (tmp_path / "ck" / "step_2" / SHARDED_DIR).is_dir()
