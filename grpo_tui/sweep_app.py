@@ -51,12 +51,12 @@ class SweepApp(App[int]):
         self.exit_code = await self.runner.run()
         self.comparison.refresh_data()
         if self._quit_asked:
-            self.exit(self.exit_code)
+            self.exit(self.exit_code, return_code=self.exit_code)
 
     async def action_quit(self) -> None:
         """Leave; a live sweep first stops its running cells (the table shows it)."""
         if self.runner is None or self.exit_code is not None:
-            self.exit(self.exit_code or 0)
+            self.exit(self.exit_code or 0, return_code=self.exit_code or 0)
             return
         self._quit_asked = True
         self.runner.stop()

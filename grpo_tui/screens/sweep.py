@@ -20,7 +20,7 @@ from textual.widgets import DataTable, Static
 
 from grpo_tui.run_state import SeriesStore
 from grpo_tui.sweep.results import EVAL_PREFIX, REWARD, REWARD_WINDOW, Summary, SweepResults
-from grpo_tui.widgets.metric_chart import ChartSpec, MetricChart
+from grpo_tui.widgets.metric_chart import PALETTE, ChartSpec, MetricChart
 
 REFRESH_PERIOD = 1.0
 
@@ -69,6 +69,8 @@ class SweepScreen(Screen[None]):
             (f"t→{threshold:g}", lambda s: s.threshold_s),
             ("elapsed", lambda s: s.elapsed_s),
         ]
+        ids = [cell.id for cell in results.record.cells]  # coloured as on the chart
+        self.cell_colors = {cell: PALETTE[i % len(PALETTE)] for i, cell in enumerate(ids)}
         self.sort_column = 0
         self.sort_reverse = False
         self.metric = REWARD
@@ -151,7 +153,7 @@ class SweepScreen(Screen[None]):
             if summary.threshold_s is not None:
                 reached = f"{summary.threshold_s:.0f}s@{summary.threshold_step}"
             table.add_row(
-                summary.id,
+                f"[{self.cell_colors[summary.id]}]{summary.id}[/]",
                 *[str(summary.overrides.get(key, "")) for key in self.keys],
                 f"[{style}]{summary.state}[/]",
                 step,
