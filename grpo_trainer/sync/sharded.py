@@ -36,12 +36,15 @@ from grpo_trainer.train.distributed import Dist
 T = TypeVar("T")
 
 
-def full_parameters(model: nn.Module, dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """``(name, whole tensor in dtype)`` per parameter, gathered one at a time (collective)."""
+def full_parameters(
+    model: nn.Module, dtype: torch.dtype, device: str
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(name, whole tensor)`` per parameter in ``dtype`` on ``device``, gathered one at a
+    time (collective: every rank iterates it to the end, in the same order)."""
     with torch.no_grad():
         for name, param in model.named_parameters():
             whole = param.full_tensor() if isinstance(param, DTensor) else param
-            yield name, whole.to(dtype)
+            yield name, whole.to(device=device, dtype=dtype)
 
 
 class ShardedSync(WeightSync):
@@ -103,7 +106,7 @@ class ShardedSync(WeightSync):
         phases: dict[str, float] = {}
         try:
             self._on_main(lambda: self._transfer.begin_transfer(params))
-            tensors = full_parameters(model, self.dtype)
+            tensors = full_parameters(model, self.dtype, self.world.device)
             if self.world.is_main:
                 self._transfer.send(tensors)
             else:

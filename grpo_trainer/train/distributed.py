@@ -106,7 +106,8 @@ def init_distributed(device: str) -> Dist:
         return Dist(device=device)
     if device.startswith("cuda"):
         torch.cuda.set_device(local)
-        device, backend = f"cuda:{local}", "nccl"
+        # gloo beside NCCL for collectives on CPU tensors (CPU-offloaded shards and grads)
+        device, backend = f"cuda:{local}", "cpu:gloo,cuda:nccl"
     elif device == "cpu":
         backend = "gloo"
     else:
