@@ -20,6 +20,7 @@ from grpo_trainer.envs.settings import EnvSettings
 from grpo_trainer.envs.task import Prompt
 from grpo_trainer.envs.tokenizer import FastTokenizer
 from grpo_trainer.envs.toy import RepeatDigit
+from grpo_trainer.live_edits import record_edit
 
 
 def test_group_alignment_position_by_position() -> None:
@@ -178,3 +179,22 @@ def test_pass_and_mean_at_k() -> None:
     }
     with pytest.raises(ValueError, match="no evaluated prompts"):
         pass_and_mean_at_k([], 4)
+
+
+async def test_a_temperature_edit_reaches_the_next_group(
+    tiny_model: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sampling and the group's recorded temperature change together, at a group boundary."""
+    monkeypatch.setenv("GRPO_TUI_RUN_DIR", str(tmp_path))  # as the supervisor sets it
+    runner = EnvRunner(
+        RepeatDigit(), EnvSettings(group_size=2, temperature=1.0),
+        Connection("http://127.0.0.1:9", "http://127.0.0.1:9"), FastTokenizer.from_dir(tiny_model),
+    )  # fmt: skip
+    runner._take_edits()
+    assert runner._sampling(2).temperature == 1.0
+    record_edit(tmp_path, {"temperature": 0.7, "lr": 1e-4})  # lr: the trainer's, not ours
+    runner._take_edits()
+    assert runner._sampling(2).temperature == 0.7
+    assert runner.settings.temperature == 0.7
+    await runner.api.aclose()
+    await runner.inference.aclose()

@@ -1,0 +1,29 @@
+"""The real API takes a live ``max_batches_offpolicy`` edit at the next ``/status-env``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from api_helpers import group, start_run
+
+from grpo_trainer.live_edits import record_edit
+
+
+def test_max_batches_offpolicy_edit_pauses_environments_sooner(
+    start_api, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    monkeypatch.setenv("GRPO_TUI_RUN_DIR", str(run_dir))  # as the supervisor sets it
+    server = start_api("--max-batches-offpolicy", "3")
+    with server.client() as client:
+        ids = start_run(client, batch_size=8)
+        client.post("/scored_data_list", json=[group(i, env_id=ids["toy"]) for i in range(2)])
+        status = client.get("/status-env", params={"env_id": ids["toy"]}).json()
+        assert (status["queued_batches"], status["max_batches_offpolicy"]) == (1.0, 3)
+        assert status["pause"] is False
+
+        record_edit(run_dir, {"max_batches_offpolicy": 1})
+        status = client.get("/status-env", params={"env_id": ids["toy"]}).json()
+        assert status["max_batches_offpolicy"] == 1 and status["pause"] is True
