@@ -435,9 +435,20 @@ class RoleLayer:
         self.trainer_gpus, problems = trainer_gpus(self.profile, table)
         self.problems += problems
         try:
-            self.trainer_config()
+            config = self.trainer_config()
         except ValidationError as error:
             self.problems += self.profile.validation_problems(error, ("trainer",), TrainerConfig)
+            return
+        ranks = len(self.trainer_gpus)
+        if ranks > 1 and config.step_batch_size % ranks:
+            self.problems.append(
+                self.profile.problem(
+                    ("trainer", "gpus"),
+                    f"{ranks} ranks do not split a step of {config.step_batch_size} sequences "
+                    "(batch_size x gradient_accumulation_steps) evenly: make it a multiple "
+                    f"of {ranks}",
+                )
+            )
 
     def trainer_config(self) -> TrainerConfig:
         """The trainer's settings: the ``[trainer]`` table plus the wiring to the others."""

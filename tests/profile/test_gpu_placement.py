@@ -107,6 +107,13 @@ BAD = [
     ("cuda_visible_devices = '1'", "gpus = [0]", "none", "inference", "gpus = [0, 1]"),
     ("gpus = [1]", "gpus = [0]", "colocate", "inference.gpus", "list trainer.gpus [0]"),
     (
+        "gpus = [3]",
+        "gpus = [0, 1, 2]\nbatch_size = 2\ngradient_accumulation_steps = 2",
+        "none",
+        "trainer.gpus",
+        "3 ranks do not split a step of 4 sequences",
+    ),
+    (
         "gpus = [0, 1]\ntensor_parallel_size = 2\ngpu_memory_utilization = 0.4",
         "gpus = [1, 0]",
         "colocate",
