@@ -20,6 +20,10 @@ LONG_POLL = 1.0
 """Seconds ``GET /batch`` may wait for a batch (bounds how late a stop request is seen)."""
 
 
+STARVING_AFTER = 60.0
+"""Seconds without a batch before the trainer says so (then at doubling intervals)."""
+
+
 class ApiUnreachable(RuntimeError):
     """The API did not answer within the bounded wait at start."""
 
@@ -64,12 +68,14 @@ class ApiClient:
         lease_seconds: float = 600.0,
         start_timeout: float = 60.0,
         log: Callable[[str, str], None] = lambda level, message: None,
+        starving_after: float = STARVING_AFTER,
     ) -> None:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
         self.url = url
         self.lease_seconds = lease_seconds
         self.start_timeout = start_timeout
         self.log = log
+        self.starving_after = starving_after
         self.http = httpx.Client(base_url=url, headers=headers, timeout=30.0)
         self.registration: Registration | None = None
         self.step = 0
@@ -127,6 +133,8 @@ class ApiClient:
         delay = poll
         outage_since: float | None = None
         params = {"lease": self.lease_seconds, "wait": LONG_POLL}
+        since = time.monotonic()
+        say_at = since + self.starving_after
         while not should_stop():
             asked = time.monotonic()
             try:
@@ -150,10 +158,33 @@ class ApiClient:
             batch = self._parse_batch(response)
             if batch is not None:
                 return batch
+            if time.monotonic() >= say_at:
+                waited = time.monotonic() - since
+                self.log("warning", self._starving(waited))
+                say_at = since + 2 * waited
             if time.monotonic() - asked < LONG_POLL:
                 time.sleep(delay)
                 delay = min(delay * 1.5, 0.5)
         return None
+
+    def _starving(self, waited: float) -> str:
+        """Why no batch came, as far as the API can tell (a run that stalls says why).
+
+        Environments post only groups whose scores differ: a policy that became
+        deterministic scores every group all-equal and posts none, while its inference
+        server stays busy (the two-GPU stall of references.md section 7).
+        """
+        need = self.registration.batch_size if self.registration else "?"
+        try:
+            queued = self.http.get("/status").json().get("queue_sequences", "?")
+        except (httpx.HTTPError, ValueError):
+            queued = "?"
+        return (
+            f"no batch for {waited:.1f} s: the API holds {queued} queued sequences of the "
+            f"{need} a step needs. Environments post only groups whose scores differ "
+            "(env/groups_dropped_equal_scores counts the others): a policy that became "
+            "deterministic (entropy near 0) posts none; check the environments' logs"
+        )
 
     def _parse_batch(self, response: httpx.Response) -> LeasedBatch | None:
         if response.status_code == 409:

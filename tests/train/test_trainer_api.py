@@ -17,6 +17,8 @@ import httpx
 import pytest
 from train_helpers import REPO, make_groups, tiny_model, trainer_env
 
+from grpo_trainer.train.api_client import ApiClient, Registration
+
 STEPS = 4
 
 
@@ -186,3 +188,27 @@ def test_unreachable_api_is_a_clear_error_after_a_bounded_wait(tmp_path: Path) -
     assert proc.returncode == 1
     assert f"rollout API at http://127.0.0.1:{port} did not answer within 2 s" in proc.stderr
     assert "grpo-trainer ready" not in proc.stdout
+
+
+def test_a_starving_trainer_says_why(tmp_path: Path, procs) -> None:
+    """No batch for a while (environments dropping every all-equal group, as in the
+    two-GPU stall): the trainer logs how much the API holds and where to look."""
+    api = Api(tmp_path / "api.db", free_port()).start()
+    procs.append(api)
+    said: list[tuple[str, str]] = []
+    client = ApiClient(api.url, log=lambda level, message: said.append((level, message)),
+                       starving_after=0.3)  # fmt: skip
+    registration = Registration(
+        batch_size=8, max_token_len=64, checkpoint_dir=str(tmp_path), save_checkpoint_interval=0,
+        num_steps=4,
+    )  # fmt: skip
+    try:
+        client.register(registration, 0)
+        assert client.next_batch(lambda: len(said) >= 2) is None
+    finally:
+        client.close()
+    assert [level for level, _ in said] == ["warning", "warning"]
+    assert "the API holds 0 queued sequences of the 8 a step needs" in said[0][1]
+    assert "groups_dropped_equal_scores" in said[0][1]
+    first, second = (float(message.split()[3]) for _, message in said)
+    assert second >= 2 * first  # then at doubling intervals, not every poll
