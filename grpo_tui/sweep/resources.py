@@ -2,11 +2,10 @@
 
 Ports: every port a profile configures (``api.port``, ``inference.port``,
 ``process.<name>.port``) is moved up to the first port that no running cell holds and no
-other process listens on. GPUs: a profile that names GPUs (``inference.device`` or
-``trainer.device`` ``cuda:N``, ``inference.cuda_visible_devices``) needs ``max(N) + 1`` of
-them; a cell gets that many from the pool and sees them as ``0..n-1`` through
-``CUDA_VISIBLE_DEVICES`` (the inference server's own ``cuda_visible_devices`` is mapped
-onto the physical ids).
+other process listens on. GPUs: a profile that names GPUs (``[inference]`` / ``[trainer]``
+``gpus = [...]`` or ``device = "cuda:N"``) needs as many as it names; a cell gets that many
+from the pool, its ``gpus`` lists mapped onto them and ``CUDA_VISIBLE_DEVICES`` set to them
+(so ``cuda:N`` devices index into its share).
 """
 
 from __future__ import annotations
@@ -38,18 +37,21 @@ def port_keys(data: Mapping[str, Any]) -> dict[str, int]:
     return ports
 
 
+def profile_gpus(data: Mapping[str, Any]) -> list[int]:
+    """The GPU ids a profile names (``[role] gpus`` lists, ``device = "cuda:N"``), sorted."""
+    ids: set[int] = set()
+    for role in ("inference", "trainer"):
+        table = data.get(role) or {}
+        ids.update(int(g) for g in table.get("gpus") or [])
+        found = _CUDA.match(str(table.get("device", "cpu")))
+        if found and not table.get("gpus"):
+            ids.add(int(found.group(1) or 0))
+    return sorted(ids)
+
+
 def gpus_needed(data: Mapping[str, Any]) -> int:
     """How many GPUs one cell of this profile uses (0 for a CPU profile)."""
-    ids: list[int] = []
-    for role in ("inference", "trainer"):
-        device = str((data.get(role) or {}).get("device", "cpu"))
-        found = _CUDA.match(device)
-        if found:
-            ids.append(int(found.group(1) or 0))
-    visible = (data.get("inference") or {}).get("cuda_visible_devices")
-    if visible:
-        ids += [int(part) for part in str(visible).split(",") if part.strip().isdigit()]
-    return max(ids) + 1 if ids else 0
+    return len(profile_gpus(data))
 
 
 @dataclass
@@ -88,7 +90,12 @@ class Resources:
 
 
 def leased_profile(data: Mapping[str, Any], lease: Lease) -> dict[str, Any]:
-    """The cell's profile with its leased ports, and its GPU ids mapped onto the lease."""
+    """The cell's profile with its leased ports, and its GPU ids mapped onto the lease.
+
+    The profile's i-th GPU id (in sorted order) becomes the lease's i-th GPU: in ``gpus``
+    lists as the physical id, in ``device = "cuda:N"`` as ``cuda:i`` (the cell sees only
+    its lease through ``CUDA_VISIBLE_DEVICES``).
+    """
     out = copy.deepcopy(dict(data))
     for key, port in lease.ports.items():
         table: Any = out
@@ -96,10 +103,19 @@ def leased_profile(data: Mapping[str, Any], lease: Lease) -> dict[str, Any]:
         for part in parents:
             table = table.setdefault(part, {})
         table[last] = port
-    inference = out.get("inference")
-    if lease.gpus and isinstance(inference, dict) and inference.get("cuda_visible_devices"):
-        ids = [int(p) for p in str(inference["cuda_visible_devices"]).split(",") if p.strip()]
-        inference["cuda_visible_devices"] = ",".join(lease.gpus[i] for i in ids)
+    if not lease.gpus:
+        return out
+    order = {gpu: index for index, gpu in enumerate(profile_gpus(data))}
+    for role in ("inference", "trainer"):
+        table = out.get(role)
+        if not isinstance(table, dict):
+            continue
+        if table.get("gpus"):
+            table["gpus"] = [int(lease.gpus[order[int(g)]]) for g in table["gpus"]]
+        else:
+            found = _CUDA.match(str(table.get("device", "cpu")))
+            if found:
+                table["device"] = f"cuda:{order[int(found.group(1) or 0)]}"
     return out
 
 

@@ -94,16 +94,21 @@ def test_ports_skip_those_held_by_running_cells_and_by_other_processes() -> None
 
 def test_gpus_are_counted_from_the_profile_and_mapped_onto_the_lease() -> None:
     data = {
-        "inference": {"backend": "vllm", "cuda_visible_devices": "1"},
-        "trainer": {"device": "cuda:0"},
+        "inference": {"backend": "vllm", "gpus": [5]},
+        "trainer": {"gpus": [2, 3]},
     }
-    assert gpus_needed(data) == 2
+    assert gpus_needed(data) == 3
     assert gpus_needed({"trainer": {"device": "cpu"}, "inference": {"device": "cpu"}}) == 0
+    assert gpus_needed({"trainer": {"device": "cuda:1"}, "inference": {"device": "cuda"}}) == 2
     pool = Resources(gpus=["4", "5", "6", "7"])
-    lease = pool.lease({}, 2)
-    assert lease.gpus == ["4", "5"]
-    assert pool.can_lease(2) and not pool.can_lease(3)
-    assert leased_profile(data, lease)["inference"]["cuda_visible_devices"] == "5"
+    lease = pool.lease({}, 3)
+    assert lease.gpus == ["4", "5", "6"]
+    assert pool.can_lease(1) and not pool.can_lease(2)
+    leased = leased_profile(data, lease)
+    assert leased["trainer"]["gpus"] == [4, 5] and leased["inference"]["gpus"] == [6]
+    cuda = {"trainer": {"device": "cuda:3"}, "inference": {"device": "cuda:1"}}
+    devices = leased_profile(cuda, lease)
+    assert devices["trainer"]["device"] == "cuda:1" and devices["inference"]["device"] == "cuda:0"
     assert parallel_limit(4, 2, ["4", "5", "6", "7"]) == 2
     assert parallel_limit(4, 0, []) == 4
 
