@@ -2,9 +2,11 @@
 
 A child reports metrics and events, and asks the supervisor to act (restart the inference
 server on a new checkpoint), over newline-delimited JSON on the Unix socket named by
-``GRPO_TUI_SOCKET``. Reporting never blocks training: records go through a bounded queue
-to a background thread, which drops records when the queue is full and reconnects when the
-socket comes back. Requests block their caller until the matching reply or a timeout.
+``GRPO_TUI_SOCKET`` (or, for a child on another node of a cluster, ``tcp://host:port``,
+proving itself with ``GRPO_TUI_CONTROL_TOKEN`` in its hello). Reporting never blocks
+training: records go through a bounded queue to a background thread, which drops records
+when the queue is full and reconnects when the socket comes back. Requests block their
+caller until the matching reply or a timeout.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 SOCKET_ENV = "GRPO_TUI_SOCKET"
 PROCESS_ENV = "GRPO_TUI_PROCESS"
 RUN_DIR_ENV = "GRPO_TUI_RUN_DIR"
+TOKEN_ENV = "GRPO_TUI_CONTROL_TOKEN"
+TCP_SCHEME = "tcp://"
 
 
 SHUTTING_DOWN = "supervisor is shutting down"
@@ -153,11 +157,8 @@ class SupervisorLink:
         delay = 0.05
         while not self._closed.is_set():
             try:
-                conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                conn.settimeout(self._send_timeout)
-                conn.connect(self.path)
+                conn = self._connect()
             except OSError:
-                conn.close()
                 self._discard_while_down(delay)
                 delay = min(delay * 2, self._reconnect_max)
                 continue
@@ -170,6 +171,22 @@ class SupervisorLink:
             finally:
                 self._connected.clear()
                 conn.close()
+
+    def _connect(self) -> socket.socket:
+        """A connection to the supervisor: its Unix socket, or ``tcp://host:port``."""
+        if self.path.startswith(TCP_SCHEME):
+            host, _, port = self.path.removeprefix(TCP_SCHEME).rpartition(":")
+            conn = socket.create_connection((host, int(port)), timeout=self._send_timeout)
+            conn.settimeout(self._send_timeout)
+            return conn
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.settimeout(self._send_timeout)
+        try:
+            conn.connect(self.path)
+        except OSError:
+            conn.close()
+            raise
+        return conn
 
     def _discard_while_down(self, wait: float) -> None:
         """While disconnected, keep metrics flowing out of the queue so it never fills
@@ -192,6 +209,8 @@ class SupervisorLink:
 
     def _serve(self, conn: socket.socket) -> None:
         hello = {"type": "hello", "process": self.process, "pid": os.getpid()}
+        if self.path.startswith(TCP_SCHEME):
+            hello["token"] = os.environ.get(TOKEN_ENV, "")
         conn.sendall(_line(hello))
         reader = threading.Thread(target=self._read_replies, args=(conn,), daemon=True)
         reader.start()

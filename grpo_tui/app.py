@@ -401,7 +401,12 @@ def run_app(profile: Path | str | Profile, mode: str | None = None) -> int:
     plan = build_plan(loaded)
     write_run_dir(plan)
     supervisor = Supervisor(
-        plan.specs, plan.run_dir, exit_with=plan.exit_with, respec=plan.respec, editor=plan.edit
+        plan.specs,
+        plan.run_dir,
+        exit_with=plan.exit_with,
+        respec=plan.respec,
+        editor=plan.edit,
+        control=plan.roles.control_endpoint,
     )
     app = GrpoTuiApp(RunState(plan.run_dir.name, mode=plan.roles.mode), supervisor=supervisor)
     result = app.run()

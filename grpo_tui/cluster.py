@@ -38,6 +38,12 @@ class ClusterSettings(BaseModel):
     rdzv_port: int = Field(
         29400, ge=1, le=65535, description="torchrun c10d rendezvous port on the trainer's node"
     )
+    control_port: int = Field(
+        29401,
+        ge=1,
+        le=65535,
+        description="TCP side of the supervisor's control socket on the first node",
+    )
     srun_args: list[str] = Field(
         default_factory=list, description="extra srun options for every role's job step"
     )

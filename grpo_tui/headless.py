@@ -248,6 +248,7 @@ class HeadlessRun:
             exit_with=self.plan.exit_with,
             respec=self.plan.respec,
             editor=self.plan.edit,
+            control=self.plan.roles.control_endpoint,
         )
         self.console.print(
             f"[bold]grpo-tui run[/] {escape(str(self.plan.profile.path))} -> "

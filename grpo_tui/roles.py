@@ -48,6 +48,7 @@ from grpo_tui.profile import (
     expand_depends_on,
     validate_process_tables,
 )
+from grpo_tui.supervisor.control import ControlEndpoint
 from grpo_tui.supervisor.spec import (
     Condition,
     Dependency,
@@ -350,6 +351,15 @@ class RoleLayer:
             key,
             "on a Slurm cluster each job step gets its GPUs from Slurm: "
             "set gpus_per_node (and node / nodes) instead",
+        )
+
+    @property
+    def control_endpoint(self) -> ControlEndpoint | None:
+        """On a cluster: the control socket's TCP side on the first node, for the steps."""
+        if not self.cluster.slurm or self.token is None:
+            return None
+        return ControlEndpoint(
+            address=self.allocation.address(1), port=self.cluster.control_port, token=self.token
         )
 
     def node_of(self, name: str) -> int:

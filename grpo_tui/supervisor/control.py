@@ -1,7 +1,10 @@
 """The control socket: children report metrics and ask for actions (docs/control-socket.md).
 
 NDJSON over a Unix domain socket. Each connection is identified by its peer's pid
-(``SO_PEERCRED``), so a child that never says ``hello`` is still known by name. Requests run
+(``SO_PEERCRED``), so a child that never says ``hello`` is still known by name. On a
+cluster, children on other nodes cannot reach a Unix socket: the server then also listens
+on TCP (``ControlEndpoint``), where a connection's first record must be a ``hello`` with
+the run's token (compared in constant time) and names the process. Requests run
 in their own task, so a restart that takes a minute never holds up the metrics stream on the
 same connection; the reply goes back on that connection when the action is done.
 """
@@ -10,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import json
 import socket
 import struct
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -35,6 +40,28 @@ class Hello(_Record):
     type: Literal["hello"]
     process: str | None = None
     pid: int | None = None
+    token: str | None = None
+
+
+@dataclass(frozen=True)
+class ControlEndpoint:
+    """The TCP side of the control socket, for children on other nodes.
+
+    Listens on ``bind:port``; children reach it at ``address:port`` and prove themselves
+    with ``token`` (``GRPO_TUI_CONTROL_TOKEN``).
+    """
+
+    address: str
+    port: int
+    token: str
+    bind: str = "0.0.0.0"
+
+    @property
+    def url(self) -> str:
+        return f"tcp://{self.address}:{self.port}"
+
+
+HELLO_TIMEOUT = 10.0
 
 
 class Metrics(_Record):
@@ -96,8 +123,11 @@ class ControlServer:
         on_event: Callable[[Event], None],
         on_request: OnRequest,
         identify: Callable[[int], str | None],
+        tcp: ControlEndpoint | None = None,
     ) -> None:
         self.path = path
+        self.tcp = tcp
+        self._tcp_server: asyncio.Server | None = None
         self._on_metrics = on_metrics
         self._on_event = on_event
         self._on_request = on_request
@@ -110,21 +140,46 @@ class ControlServer:
         self._server = await asyncio.start_unix_server(
             self._serve, path=str(self.path), limit=MAX_RECORD
         )
+        if self.tcp is not None:
+            self._tcp_server = await asyncio.start_server(
+                self._serve_tcp, host=self.tcp.bind, port=self.tcp.port, limit=MAX_RECORD
+            )
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
+        for server in (self._server, self._tcp_server):
+            if server is not None:
+                server.close()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self.path.unlink(missing_ok=True)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        pid = _peer_pid(writer)
+        await self._converse(reader, writer, (self._identify(pid) if pid else None) or "unknown")
+
+    async def _serve_tcp(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """A TCP peer: its first record must be a hello carrying the run's token."""
+        assert self.tcp is not None
+        peer = writer.get_extra_info("peername")
+        try:
+            first = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT)
+            hello = Hello.model_validate_json(first)
+        except (TimeoutError, ValueError, ConnectionError, ValidationError):
+            hello = None
+        expected = self.tcp.token.encode()
+        if hello is None or not hmac.compare_digest((hello.token or "").encode(), expected):
+            self._warn(f"control socket: refused a TCP peer {peer} (no valid token)")
+            writer.close()
+            return
+        await self._converse(reader, writer, hello.process or "unknown")
+
+    async def _converse(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, name: str
+    ) -> None:
         task = asyncio.current_task()
         assert task is not None
         self._tasks.add(task)
-        pid = _peer_pid(writer)
-        name = (self._identify(pid) if pid else None) or "unknown"
         lock = asyncio.Lock()
         requests: set[asyncio.Task[None]] = set()
         try:

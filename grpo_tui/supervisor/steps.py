@@ -40,6 +40,43 @@ def running_steps(names: Collection[str]) -> list[str]:
     return found
 
 
+def job_trouble() -> str | None:
+    """Why the current job can run no more steps (a node down or drained, the job gone),
+    in words, or None when it can (or when this is not a Slurm job).
+
+    Asked when a step ends unasked: a lost node is not worth a restart, it ends the run.
+    A node that failed may already be back (``ReturnToService``), so the job's own state
+    (``NODE_FAIL``) counts as much as the node's.
+    """
+    job = os.environ.get(JOB_ENV)
+    if not job or shutil.which("scontrol") is None:
+        return None
+    try:
+        fields = dict(
+            part.split("=", 1)
+            for part in _output(["scontrol", "-o", "show", "job", job]).split()
+            if "=" in part
+        )
+        state, nodelist = fields.get("JobState", ""), fields.get("NodeList", "")
+        names = _output(["scontrol", "show", "hostnames", nodelist]).split() if nodelist else []
+        nodes = _output(["sinfo", "-h", "-N", "-n", ",".join(names), "-o", "%N|%T|%E"])
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in nodes.splitlines() if names else []:
+        name, _, rest = line.partition("|")
+        node_state, _, why = rest.partition("|")
+        if any(bad in node_state for bad in ("down", "drain", "fail", "not_responding")):
+            node_state = node_state.rstrip("*")
+            return f"node {name} of job {job} is {node_state} ({why.strip() or 'no reason'})"
+    if state and state != "RUNNING":  # the supervisor runs inside the job: it must run
+        return f"Slurm job {job} is {state} ({fields.get('Reason', '')})"
+    return None
+
+
+def _output(command: list[str]) -> str:
+    return subprocess.run(command, capture_output=True, text=True, timeout=30, check=True).stdout
+
+
 def signal_steps(step_ids: Collection[str], sig: int) -> None:
     """Send ``sig`` to every task of each step (``scancel --signal``), on every node.
 

@@ -23,7 +23,7 @@ import httpx
 
 from grpo_tui.supervisor import graph, probes
 from grpo_tui.supervisor.bus import EventBus, Subscription
-from grpo_tui.supervisor.control import ControlServer, socket_path
+from grpo_tui.supervisor.control import ControlEndpoint, ControlServer, socket_path
 from grpo_tui.supervisor.events import (
     Event,
     LogBatch,
@@ -42,9 +42,11 @@ from grpo_tui.supervisor.ports import find_port_holder
 from grpo_tui.supervisor.process import ChildProcess, SpawnError, describe_exit
 from grpo_tui.supervisor.samplers import Samplers, Scrape
 from grpo_tui.supervisor.spec import Condition, ProcessSpec
+from grpo_tui.supervisor.steps import job_trouble
 from grpo_tui.supervisor.tree import PROCESS_VAR, RUN_ID_VAR
 
 BATCH_INTERVAL = 0.05
+CONTROL_TOKEN_VAR = "GRPO_TUI_CONTROL_TOKEN"
 SAMPLE_INTERVAL = 2.0
 ALIVE = {State.STARTING, State.RUNNING, State.READY, State.UNHEALTHY}
 
@@ -107,6 +109,7 @@ class _Entry:
         self.last_reason = ""
         self.health: str | None = None
         self.gave_up = False
+        self.lost: str | None = None  # why its Slurm job can run it no more
         self.stop_requested = False
         self.wake = asyncio.Event()
         self.changed = asyncio.Event()
@@ -130,8 +133,10 @@ class Supervisor:
         exit_with: str | None = None,
         respec: Respec | None = None,
         editor: Editor | None = None,
+        control: ControlEndpoint | None = None,
     ) -> None:
         self._order = graph.start_order(specs)
+        self._control_tcp = control
         if exit_with is not None and exit_with not in self._order:
             raise graph.PlanError(f"exit_with names no process: {exit_with!r}")
         self.run_dir = Path(run_dir)
@@ -352,6 +357,7 @@ class Supervisor:
             on_event=self._publish,
             on_request=self._on_request,
             identify=self._identify,
+            tcp=self._control_tcp,
         )
         await self._control.start()
         self._tasks.append(asyncio.create_task(self._batch_logs(), name="log-batcher"))
@@ -413,12 +419,20 @@ class Supervisor:
             os.write(self._lifeline, line.encode() + b"\n")
 
     def _child_env(self, spec: ProcessSpec) -> dict[str, str]:
+        """A child's environment; a Slurm step (maybe on another node) gets the control
+        socket's TCP side and its token when there is one."""
         assert self._control is not None
+        control = {"GRPO_TUI_SOCKET": str(self._control.path)}
+        if spec.slurm_step is not None and self._control_tcp is not None:
+            control = {
+                "GRPO_TUI_SOCKET": self._control_tcp.url,
+                CONTROL_TOKEN_VAR: self._control_tcp.token,
+            }
         return {
             **os.environ,
             "PYTHONUNBUFFERED": "1",
             **spec.env,
-            "GRPO_TUI_SOCKET": str(self._control.path),
+            **control,
             PROCESS_VAR: spec.name,
             "GRPO_TUI_RUN_DIR": str(self.run_dir.resolve()),
             RUN_ID_VAR: self.run_id,
@@ -459,6 +473,7 @@ class Supervisor:
     def _launch(self, entry: _Entry) -> None:
         entry.stop_requested = False
         entry.gave_up = False
+        entry.lost = None
         entry.wake = asyncio.Event()
         if entry.state != State.PENDING:
             self._set_state(entry, State.PENDING, reason="start requested")
@@ -470,6 +485,9 @@ class Supervisor:
         while not entry.stop_requested and not self._closing:
             code, reason, lasted = await self._run_once(entry)
             if entry.stop_requested:
+                return
+            if entry.lost is not None:
+                self._give_up(entry, f"{reason}; {entry.lost}: not restarted", code)
                 return
             policy = entry.spec.restart
             if lasted >= policy.reset_after:
@@ -635,6 +653,10 @@ class Supervisor:
             await watcher
         entry.sink.on_line = None
         entry.exit_code = code
+        if spec.slurm_step is not None and not entry.stop_requested:
+            # A step ended unasked (even with 0: Slurm's SIGTERM to a lost node's job lets
+            # the trainer stop cleanly): if the job lost a node, nothing can come back.
+            entry.lost = await asyncio.to_thread(job_trouble)
         self._flush_logs()
         return code, reason or describe_exit(code), time.time() - child.started_at
 

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,7 +27,7 @@ from pathlib import Path
 import psutil
 import pytest
 import tomli_w
-from e2e_stack import REPO, mean, quickstart_copy, trainer_steps, wait_until
+from e2e_stack import REPO, free_port, mean, quickstart_copy, trainer_steps, wait_until
 from slurm_cluster import SlurmCluster, start_cluster, stop_cluster
 
 STEPS = 30
@@ -51,7 +52,7 @@ def cluster_profile(tmp_path: Path, steps: int, output_dir: Path | None = None) 
         overrides={"trainer": {"training_steps": steps, "checkpoint_interval": 10}},
     )
     profile = tomllib.loads(path.read_text())
-    profile["cluster"] = {"engine": "slurm", "nodes": 2}
+    profile["cluster"] = {"engine": "slurm", "nodes": 2, "control_port": free_port()}
     if output_dir is not None:
         profile["run"]["output_dir"] = str(output_dir)
     for role, node in PLACES.items():
@@ -127,6 +128,9 @@ def test_sbatch_two_nodes_learns_attach_answers_nothing_left(
     assert status.count("trainer") == 2 and "ready" in status, status
     assert slurm.steps(job) == {} and of_run(run_dir) == []
 
+    # the steps' metrics reached the supervisor over the control socket's TCP side (the
+    # steps' only way to it, as on a real cluster), and no peer was refused
+    assert "refused a TCP peer" not in (run_dir / "events.jsonl").read_text()
     curve = [(step, data["reward/mean"]) for step, data in trainer_steps(run_dir)]
     assert [step for step, _ in curve] == list(range(1, STEPS + 1))
     first = mean([reward for _, reward in curve[:WINDOW]])
@@ -229,3 +233,44 @@ def test_watchdog_cancels_the_steps_it_was_told_of_and_no_other(slurm: SlurmClus
             for srun in steps.values():
                 if srun.poll() is None:
                     os.killpg(srun.pid, signal.SIGKILL)
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(400)
+def test_losing_a_node_ends_the_run_with_the_reason_and_a_checkpoint(
+    slurm: SlurmCluster, tmp_path: Path
+) -> None:
+    profile = cluster_profile(tmp_path, 200)
+    data = tomllib.loads(profile.read_text())
+    data["trainer"]["checkpoint_interval"] = 2
+    profile.write_text(tomli_w.dumps(data))
+    run_dir = tmp_path / "runs" / "lost"
+    console = tmp_path / "console.log"
+    with slurm.allocation(2) as env:
+        job = env["SLURM_JOB_ID"]
+        with console.open("ab") as out:
+            supervisor = subprocess.Popen(
+                [sys.executable, "-m", "grpo_tui", "run", str(profile), "--run-dir", str(run_dir)],
+                env=env,
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        try:
+            checkpoint = run_dir / "checkpoints" / "adapter_step_2"
+            wait_until(checkpoint.is_dir, 240, "the step-2 checkpoint")
+            down = slurm.run("scontrol", "update", "nodename=n2", "state=down", "reason=test-lost")
+            assert down.returncode == 0, down.stderr
+            assert supervisor.wait(180) == 1
+            text = console.read_text()
+            assert "run failed: trainer failed" in text, text[-3000:]
+            lost = rf"(node n2 of job {job} is down|Slurm job {job} is NODE_FAIL \(NodeDown\))"
+            assert re.search(lost + ".*: not restarted", text), text[-3000:]
+            wait_until(lambda: slurm.steps(job) == {}, 60, "every step of the run to end")
+            assert of_run(run_dir) == []
+            assert checkpoint.is_dir(), "the last checkpoint is there to resume from"
+        finally:
+            if supervisor.poll() is None:
+                os.killpg(supervisor.pid, signal.SIGKILL)
+            slurm.run("scontrol", "update", "nodename=n2", "state=resume")
