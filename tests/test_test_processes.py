@@ -1,14 +1,17 @@
-"""A test run that is killed (a CI timeout's SIGTERM, or SIGKILL) leaves no server behind.
+"""A test run that is killed (a CI timeout's SIGTERM, or SIGKILL) leaves nothing behind.
 
-A real pytest runs a test that starts the real rollout API in its own session (as the
-server fixtures do, so no process-group signal reaches it) and then hangs; the outer test
-kills that pytest and waits for the API to be gone.
+A real pytest runs a test that starts, in its own session (as the server fixtures do, so no
+process-group signal reaches it), either the real rollout API or a real headless
+``grpo-tui run`` supervising a long-lived child, and then hangs; the outer test kills that
+pytest and waits for every one of those processes to be gone.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,15 +22,17 @@ import pytest
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+CHILD = TESTS / "cli" / "headless_child.py"
 
 HANGING_TEST = """
 import os, subprocess, sys, threading, time
 from pathlib import Path
 
 import httpx
+import psutil
 
 
-def test_starts_a_server_and_hangs(tmp_path):
+def start_api():
     port = int(os.environ["GUARD_PORT"])
     server = subprocess.Popen(
         [sys.executable, "-m", "grpo_trainer.api", "--port", str(port), "--db", ":memory:"],
@@ -36,30 +41,52 @@ def test_starts_a_server_and_hangs(tmp_path):
     while True:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                break
+                return server
         except httpx.HTTPError:
             time.sleep(0.1)
-    Path(os.environ["GUARD_PID_FILE"]).write_text(str(server.pid))
+
+
+def start_run():
+    run = subprocess.Popen(
+        [sys.executable, "-m", "grpo_tui", "run", os.environ["GUARD_PROFILE"]],
+        start_new_session=True, stdout=subprocess.DEVNULL,
+    )
+    while not any("headless_child" in " ".join(p.cmdline()) for p in
+                  psutil.Process(run.pid).children(recursive=True)):
+        time.sleep(0.1)
+    return run
+
+
+def test_starts_and_hangs(tmp_path):
+    started = start_api() if os.environ["GUARD_WHAT"] == "api" else start_run()
+    Path(os.environ["GUARD_PID_FILE"]).write_text(str(started.pid))
     threading.Event().wait()
 """
 
 
 def free_port() -> int:
-    import socket
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 
 
+@pytest.mark.parametrize("what", ["api", "run"])
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["TERM", "KILL"])
-def test_servers_die_with_a_killed_test_run(tmp_path: Path, sig: signal.Signals) -> None:
+def test_nothing_outlives_a_killed_test_run(tmp_path: Path, sig: signal.Signals, what: str) -> None:
     (tmp_path / "test_hangs.py").write_text(HANGING_TEST)
-    pid_file = tmp_path / "server.pid"
+    profile = tmp_path / "profile.toml"
+    worker = json.dumps([sys.executable, str(CHILD), "worker", "--life", "600"])
+    profile.write_text(
+        f'[run]\nname = "guard"\noutput_dir = "{tmp_path / "runs"}"\nexit_with = "worker"\n'
+        f"[process.worker]\ncommand = {worker}\n"
+    )
+    pid_file = tmp_path / "started.pid"
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(TESTS), str(REPO), os.environ.get("PYTHONPATH", "")]),
+        "GUARD_WHAT": what,
         "GUARD_PORT": str(free_port()),
+        "GUARD_PROFILE": str(profile),
         "GUARD_PID_FILE": str(pid_file),
     }
     command = [
@@ -74,23 +101,22 @@ def test_servers_die_with_a_killed_test_run(tmp_path: Path, sig: signal.Signals)
     ]
     inner = subprocess.Popen(
         [*command, "--timeout", "0", str(tmp_path / "test_hangs.py")],
-        cwd=tmp_path,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+        cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while not pid_file.exists():
-            assert inner.poll() is None, "the inner test run ended before its server was up"
-            assert time.monotonic() < deadline, "the inner test's server never came up"
+            assert inner.poll() is None, "the inner test run ended before its processes were up"
+            assert time.monotonic() < deadline, "the inner test's processes never came up"
             time.sleep(0.1)
-        server = psutil.Process(int(pid_file.read_text()))
-        assert server.is_running()
+        started = psutil.Process(int(pid_file.read_text()))
+        family = [started, *started.children(recursive=True)]
+        assert len(family) >= (1 if what == "api" else 3)  # run: supervisor, watchdog, worker
         os.kill(inner.pid, sig)
         inner.wait(30)
-        _, alive = psutil.wait_procs([server], timeout=30)
-        assert not alive, f"the API server (pid {server.pid}) outlived the killed test run"
+        _, alive = psutil.wait_procs(family, timeout=40)
+        left = [f"{p.pid} {' '.join(p.cmdline())}" for p in alive if p.is_running()]
+        assert not left, f"outlived the killed test run: {left}"
     finally:
         if inner.poll() is None:
             inner.kill()

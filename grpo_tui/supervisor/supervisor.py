@@ -396,6 +396,9 @@ class Supervisor:
                 stdout=asyncio.subprocess.DEVNULL,
                 stderr=errors,
                 start_new_session=True,
+                # not tagged by whatever runs us (a test run, an outer supervisor): a sweep
+                # of that tag must leave it alive to end our children once we are gone
+                env={k: v for k, v in os.environ.items() if k != RUN_ID_VAR},
             )
         finally:
             os.close(read_end)
