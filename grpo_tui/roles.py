@@ -762,6 +762,7 @@ class RoleLayer:
             raise ValueError(f"this run has no {' or '.join(missing)} to edit")
         if "trainer" in by_role:
             self._check_beta(by_role["trainer"])
+            self._check_lr(by_role["trainer"])
         saved = self._snapshot()
         try:
             for name in names:
@@ -792,6 +793,15 @@ class RoleLayer:
                 f"beta: cannot go from 0 to {beta:g} while the trainer runs in mode {self.mode} "
                 "(its KL reference model is loaded only when it starts with beta > 0): "
                 "set [trainer] beta in the profile"
+            )
+
+    def _check_lr(self, args: Mapping[str, Any]) -> None:
+        """An ``lr`` edit that the current mode would not use is refused, not ignored."""
+        lora = self.mode in LORA_MODES and self.trainer_config().lora_lr is not None
+        if "lr" in args and "lora_lr" not in args and lora:
+            raise ValueError(
+                f"lr: mode {self.mode} trains with lora_lr "
+                f"({self.trainer_config().lora_lr:g}): edit lora_lr"
             )
 
     def _in_force(self, key: str) -> Any:
