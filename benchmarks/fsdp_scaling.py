@@ -12,7 +12,8 @@ bfloat16 is not: one process trains pure bf16 weights (as today), FSDP2 keeps fl
 master shards and computes in bf16 (``MixedPrecisionPolicy``), so its numbers are stated,
 not compared to 1e-5.
 
-    python benchmarks/fsdp_scaling.py --out $OUT [--shape qwen2.5-0.5b] [--steps 6]
+    python benchmarks/fsdp_scaling.py --out $OUT [--shape qwen2.5-0.5b] [--steps 6] \
+        [--trainer-flag=--gradient-checkpointing]
     python benchmarks/fsdp_scaling.py --out /tmp/x --device cpu --shape small   # smoke run
 """
 
@@ -90,6 +91,7 @@ def run(args: argparse.Namespace, ranks: int, dtype: str, work: Path) -> dict[st
         "--loss-type", "dapo", "--batch-size", str(args.micro_batch),
         "--gradient-accumulation-steps", str(args.groups * args.group_size // args.micro_batch),
         "--seq-len", str(args.length), "--checkpoint-interval", "0", "--keep-checkpoints", "1",
+        *args.trainer_flag,
     ]  # fmt: skip
     env = {**os.environ, **NCCL_ENV, "PYTHONUNBUFFERED": "1"}
     if args.device == "cuda":
@@ -133,7 +135,8 @@ def table(args: argparse.Namespace, rows: list[dict[str, Any]], tokens: int) -> 
         f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; device: {args.device}",
         f"- model: random {args.shape}; batch: {args.groups} groups x {args.group_size} x "
         f"{args.length} tokens = {tokens} tokens per step; micro-batch {args.micro_batch}; "
-        f"{args.steps} steps (median over steps 2..); AdamW; loss dapo",
+        f"{args.steps} steps (median over steps 2..); AdamW; loss dapo; extra trainer flags: "
+        f"{' '.join(args.trainer_flag) or 'none'}",
         "",
         "| dtype | ranks | tokens/s | speed-up | step s | peak GB per GPU | vs 1 GPU "
         "| loss step 1, 2 | grad norm step 1, 2 | max rel. diff vs 1 GPU |",
@@ -177,11 +180,17 @@ def main() -> None:
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
     parser.add_argument("--steps", type=int, default=6)
-    parser.add_argument("--groups", type=int, default=4)
+    parser.add_argument("--groups", type=int, default=8)
     parser.add_argument("--group-size", type=int, default=4)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--micro-batch", type=int, default=4)
     parser.add_argument("--timeout", type=float, default=240)
+    parser.add_argument(
+        "--trainer-flag",
+        action="append",
+        default=[],
+        help="extra trainer flag for every run, e.g. --trainer-flag=--gradient-checkpointing",
+    )
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
