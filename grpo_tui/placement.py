@@ -182,6 +182,8 @@ def _check_together(
             f"is required when vLLM shares GPU {shared[0]} with the trainer (vLLM would take "
             "0.9 of its memory): e.g. 0.45",
         )
+    if mode == "colocate":
+        _check_colocate(trainer, served, problem)
     if mode != "shared_vllm" or inference.backend != "vllm":
         return
     if inference.weight_transfer == "cuda_ipc":
@@ -204,4 +206,23 @@ def _check_together(
                 if len(trainer.gpus) == 1
                 else "list the trainer's other GPUs first or move vLLM"
             ),
+        )
+
+
+def _check_colocate(trainer: Placement, served: Placement, problem: Report) -> None:
+    """``colocate`` time-shares one device: inference on the trainer's own GPU.
+
+    N GPUs (FSDP2 ranks, one vLLM replica beside each) is not built yet.
+    """
+    if trainer.ranks > 1 or len(served.gpus) > 1:
+        problem(
+            ("trainer", "gpus"),
+            f"lists {len(trainer.gpus)} GPUs with inference.gpus {_gpu_list(served.gpus)}: "
+            "colocate runs the trainer and inference on one and the same GPU for now",
+        )
+    elif trainer.gpus and served.gpus and trainer.gpus != served.gpus:
+        problem(
+            ("inference", "gpus"),
+            f"is {_gpu_list(served.gpus)} but trainer.gpus is {_gpu_list(trainer.gpus)}: "
+            "colocate time-shares one GPU, so list the trainer's",
         )

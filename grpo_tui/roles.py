@@ -28,6 +28,7 @@ from grpo_trainer.live_edits import EDITABLE, record_edit, unknown_keys
 from grpo_trainer.serve.settings import LORA_MODES, InferenceSettings, Mode, inference_command
 from grpo_trainer.sync.restart import RESTART_MODES
 from grpo_trainer.train.config import TrainerConfig
+from grpo_trainer.train.memory_fit import fit_problem, footprint, param_count, read_model_config
 from grpo_trainer.train.resume import read_checkpoint, resolve_resume
 from grpo_tui.cluster import (
     Allocation,
@@ -159,10 +160,38 @@ class RoleLayer:
         self._check_trainer_table()
         self.gpu_plan = self._place()
         self.problems += self.gpu_plan.problems
+        self.problems += self._memory_fit()
         self._adjust = self._adjustments()
         self.placements = {k: v for k, v in self.placements.items() if k in self.roles}
         if self.cluster.slurm and not self.problems:
             self.problems += self._placement_problems()
+
+    def _memory_fit(self) -> list[Problem]:
+        """The trainer beside vLLM on one GPU, when the profile gives the GPU's size."""
+        inference = self.inference
+        if self.problems or inference is None or not self.profile.has_role("trainer"):
+            return []
+        if inference.gpu_memory_gb is None or inference.gpu_memory_utilization is None:
+            return []
+        config = None if self.profile.run.tiny_model else read_model_config(self.model_path)
+        if config is None:
+            return []
+        try:
+            params = param_count(config)
+        except (KeyError, TypeError, ValueError):  # not a decoder layout we can count
+            return []
+        trainer = self.trainer_config()
+        need = footprint(self.mode, params, trainer.dtype, trainer.optimizer, inference.backend)
+        if need is None:
+            return []
+        message = fit_problem(
+            need,
+            total_gb=inference.gpu_memory_gb,
+            utilization=inference.gpu_memory_utilization,
+        )
+        if message is None:
+            return []
+        return [self.profile.problem(("inference", "gpu_memory_utilization"), message)]
 
     def _place(self) -> GpuPlan:
         """The roles' GPUs in the current mode (problems name the keys).

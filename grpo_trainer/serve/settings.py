@@ -70,6 +70,14 @@ class InferenceSettings(BaseModel):
     max_lora_rank: int = Field(default=16, ge=1)
     max_model_len: int | None = Field(default=None, ge=1)
     gpu_memory_utilization: float | None = Field(default=None, gt=0.0, le=1.0)
+    gpu_memory_gb: float | None = Field(
+        default=None,
+        gt=0.0,
+        description=(
+            "total memory of the GPU vLLM shares with the trainer (e.g. 141 for an H200): "
+            "lets `grpo-tui check` verify the trainer fits beside gpu_memory_utilization"
+        ),
+    )
     enforce_eager: bool = False
     weight_transfer: Literal["cuda_ipc", "nccl"] = Field(
         default="cuda_ipc",

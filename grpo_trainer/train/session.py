@@ -14,6 +14,7 @@ from grpo_trainer.train.config import EXIT_BAD_CONFIG, TrainerConfig
 from grpo_trainer.train.data import DataError
 from grpo_trainer.train.distributed import Dist, init_distributed, shutdown_distributed
 from grpo_trainer.train.loop import SyncLagExceeded, Trainer, install_signal_handlers
+from grpo_trainer.train.memory_fit import GpuDoesNotFit, footprint, startup_problem
 from grpo_trainer.train.policy import build_policy, reference_model
 from grpo_trainer.train.reporter import Reporter
 from grpo_trainer.train.resume import ResumePoint, resolve_resume, resume_from_path
@@ -71,8 +72,29 @@ def sync_context(config: TrainerConfig) -> SyncContext:
     )
 
 
-def _cannot_sync(reporter: Reporter, exc: SyncError) -> int:
-    """A weight sync that cannot start (no supervisor, no server): one line, exit 2."""
+def gpu_fit_problem(config: TrainerConfig, model: torch.nn.Module) -> str | None:
+    """Before the first step, on the GPU vLLM shares: is there room for the optimizer state?
+
+    In ``shared_vllm`` the trainer's own copy of the weights is about to be freed (its
+    parameters become views of vLLM's), so that memory counts as free.
+    """
+    if not config.device.startswith("cuda"):
+        return None
+    params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    need = footprint(
+        config.weight_bridge_mode, params, config.dtype, config.optimizer, config.inference_backend
+    )
+    if need is None:
+        return None
+    free, total = torch.cuda.mem_get_info(torch.device(config.device))
+    if not need.own_weights:
+        free += sum(p.numel() * p.element_size() for p in model.parameters())
+    return startup_problem(need, free_bytes=free, total_bytes=total)
+
+
+def _cannot_sync(reporter: Reporter, exc: Exception) -> int:
+    """A weight sync that cannot start (no supervisor, no server, no room on the GPU beside
+    vLLM): one line, exit 2."""
     if reporter.link is not None:
         reporter.link.send_event("error", str(exc))
     print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -132,6 +154,9 @@ def _sharded_trainer(
 def _trainer(config: TrainerConfig, reporter: Reporter, point: ResumePoint | None) -> Trainer:
     """The single-process trainer: one device, no process group."""
     policy = build_policy(config, point)
+    problem = gpu_fit_problem(config, policy.model)
+    if problem is not None:
+        raise GpuDoesNotFit(problem)
     return Trainer(
         config,
         policy.model,
@@ -183,7 +208,7 @@ def _run(config: TrainerConfig, world: Dist) -> int:
                 trainer = _sharded_trainer(config, world, reporter, point)
             else:
                 trainer = _trainer(config, reporter, point)
-        except SyncError as exc:
+        except (SyncError, GpuDoesNotFit) as exc:
             return _cannot_sync(reporter, exc)
         install_signal_handlers(trainer)
         step = trainer.run()

@@ -276,3 +276,30 @@ def test_colocate_syncs_every_step_and_never_trains_stale_whatever_the_profile(
     # the same profile's own cadence holds in the other modes
     other = TrainerConfig.from_argv(plan.respec("trainer", {"mode": "lora_only"}).command[3:])
     assert (other.sync_every, other.max_sync_lag) == (3, 4)
+
+
+def test_colocate_needs_the_trainer_and_inference_on_one_and_the_same_gpu(
+    tmp_path: Path,
+) -> None:
+    text = (
+        (REPO / "profiles/gsm8k-qwen2.5-3b-shared.toml")
+        .read_text()
+        .replace('mode = "shared_vllm"', 'mode = "colocate"')
+        .replace('weight_transfer = "cuda_ipc"', "")
+    )
+    for name, trainer, served, key in [
+        ("other", "[1]", "[0]", "inference.gpus"),
+        ("two", "[0, 1]", "[0, 1]", "trainer.gpus"),
+    ]:
+        path = tmp_path / f"{name}.toml"
+        path.write_text(
+            text.replace("gpus = [0]                       #", f"gpus = {served}  #").replace(
+                "[trainer]\ngpus = [0]", f"[trainer]\ngpus = {trainer}"
+            )
+        )
+        result = CliRunner().invoke(app, ["check", str(path)])
+        assert result.exit_code == 2, result.output
+        output = " ".join(result.output.split())
+        assert key in output and "colocate" in output, output
+    (tmp_path / "one.toml").write_text(text)
+    assert CliRunner().invoke(app, ["check", str(tmp_path / "one.toml")]).exit_code == 0
