@@ -51,6 +51,8 @@ class WeightSync(ABC):
     """Pushes the trainer's current policy to the inference server."""
 
     mode: ClassVar[str]
+    sleeps: ClassVar[bool] = False
+    """True when inference sleeps through the training step (``colocate``)."""
 
     def __init__(self, context: SyncContext) -> None:
         self.context = context
@@ -71,10 +73,6 @@ class WeightSync(ABC):
     @abstractmethod
     def sync(self, model: nn.Module, step: int) -> SyncResult:
         """Make the inference server serve ``model`` as of ``step``; raise on failure."""
-
-    def phase_times(self) -> dict[str, float]:
-        """Seconds of this step's sync spent waking inference (``wake_s``), if any."""
-        return {}
 
     def close(self) -> None:
         """Release resources (sockets, shared memory handles)."""

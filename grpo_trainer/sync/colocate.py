@@ -39,7 +39,7 @@ class SleepControl:
     def __init__(self, client: InferenceClient) -> None:
         self.client = client
         self.asleep = False
-        self.times: dict[str, float] = {}
+        self.wake_time = 0.0
 
     def sleep(self, level: int) -> None:
         """Put the server to sleep; running requests finish first, new ones wait."""
@@ -47,10 +47,10 @@ class SleepControl:
         self.asleep = True
 
     def wake(self, tags: list[str] | None = None) -> None:
-        """Wake ``tags`` (all when None); timed into ``wake_s``."""
+        """Wake ``tags`` (all when None); adds its seconds to ``wake_time``."""
         start = time.perf_counter()
         self.client.post("/wake_up", **({"tags": tags} if tags else {}))
-        self.times["wake_s"] = self.times.get("wake_s", 0.0) + time.perf_counter() - start
+        self.wake_time += time.perf_counter() - start
 
     def confirm_awake(self) -> None:
         """Raise ``SyncError`` unless the server says it is awake."""
@@ -59,16 +59,17 @@ class SleepControl:
             raise SyncError(f"{self.client.base_url} is still asleep after /wake_up: {answer}")
         self.asleep = False
 
-    def take_times(self) -> dict[str, float]:
-        """This step's ``wake_s``, reset for the next."""
-        times, self.times = self.times, {}
-        return times
+    def take_wake_time(self) -> float:
+        """Seconds spent waking since the last call."""
+        seconds, self.wake_time = self.wake_time, 0.0
+        return seconds
 
 
 class ColocateSharedSync(SharedFileSync):
     """Built-in backend: shared weights (as ``shared_vllm``) plus sleep level 1 per step."""
 
     mode = "colocate"
+    sleeps = True
     sleep_level = 1
 
     def __init__(self, context: SyncContext) -> None:
@@ -100,11 +101,11 @@ class ColocateSharedSync(SharedFileSync):
         start = time.perf_counter()
         self.control.wake()
         self.control.confirm_awake()
-        return SyncResult(sync_time=time.perf_counter() - start, policy_version=step)
-
-    def phase_times(self) -> dict[str, float]:
-        """Seconds this step spent waking the server (inside ``sync``)."""
-        return self.control.take_times()
+        return SyncResult(
+            sync_time=time.perf_counter() - start,
+            policy_version=step,
+            phases={"wake": self.control.take_wake_time()},
+        )
 
     def close(self) -> None:
         """Never leave the server asleep (best effort: it may be gone already)."""
@@ -140,11 +141,17 @@ class VllmColocateSync(ColocateSharedSync):
         start = time.perf_counter()
         if self.control.asleep:
             self.control.wake(["weights"])
+        pushed = time.perf_counter()
         self._push(model)
+        push_time = time.perf_counter() - pushed
         if self.control.asleep:
             self.control.wake(["kv_cache"])
         self.control.confirm_awake()
-        return SyncResult(sync_time=time.perf_counter() - start, policy_version=step)
+        return SyncResult(
+            sync_time=time.perf_counter() - start,
+            policy_version=step,
+            phases={"wake": self.control.take_wake_time(), "push": push_time},
+        )
 
     def _push(self, model: nn.Module) -> None:
         """vLLM's native IPC transfer: handles of our tensors, loaded by its workers."""

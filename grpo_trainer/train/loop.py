@@ -200,7 +200,8 @@ class Trainer:
                     share=rank_slice(sum(len(g.tokens) for g in groups), self.world),
                 )
                 if self.strategy is not None:
-                    clock.enter("sleeping", self.step)
+                    if self.strategy.sleeps:
+                        clock.enter("sleeping", self.step)
                     self.strategy.before_train_step()
                 clock.enter("training", self.step)
                 metrics = self.train_step(batch)
@@ -211,9 +212,8 @@ class Trainer:
                 clock.enter("syncing", self.step)
                 metrics.update(self._maybe_sync())
                 clock.enter("generating", self.step)
-                if self.strategy is not None:
-                    wake = self.strategy.phase_times().get("wake_s", 0.0)
-                    clock.move(wake, "syncing", "waking")
+                if self.strategy is not None and self.strategy.sleeps:
+                    clock.move(metrics.get("sync/wake_time", 0.0), "syncing", "waking")
                 metrics.update(clock.take())
                 self.stop_requested = self.world.any(self.stop_requested)
                 if self.world.is_main:

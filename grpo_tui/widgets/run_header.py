@@ -1,4 +1,6 @@
-"""The run header: run name, mode, step / total with a progress bar and ETA, elapsed time."""
+"""The run header: run name, mode, step / total with a progress bar and ETA, elapsed time,
+and (once the trainer reports it) the trainer device's phase with the last step's seconds
+in each phase."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
+from grpo_trainer.train.phases import CURRENT, PHASES
 from grpo_tui.run_state import RunState
 from grpo_tui.widgets.process_table import format_duration
 
@@ -33,6 +36,7 @@ class RunHeader(Widget):
             ("  elapsed ", "dim"),
             (elapsed, "bold"),
         )
+        title.append_text(phase_text(state))
         if read_only:
             title.append("  (read-only view)", style="italic dim")
         if state.outcome:
@@ -56,3 +60,18 @@ class RunHeader(Widget):
 
     def render(self) -> RenderableType:
         return self._renderable
+
+
+def phase_text(state: RunState) -> Text:
+    """``  phase training  last step: generating 0.41s training 0.08s ...`` (empty before
+    the trainer reports a phase)."""
+    latest = state.metrics.latest
+    index = latest.get(CURRENT)
+    if index is None or not 0 <= int(index) < len(PHASES):
+        return Text("")
+    text = Text.assemble(("  phase ", "dim"), (PHASES[int(index)], "bold magenta"))
+    spent = [(name, latest.get(f"phase/{name}_s")) for name in PHASES]
+    shown = [f"{name} {seconds:.2f}s" for name, seconds in spent if seconds is not None]
+    if shown:
+        text.append(f"  last step: {' '.join(shown)}", style="dim")
+    return text

@@ -69,7 +69,7 @@ def test_inference_sleeps_through_the_step_and_wakes_on_the_new_weights(
             result = strategy.sync(model, 5)
             served_late = held.result(timeout=60)
         assert not is_sleeping(server.url)
-        assert strategy.phase_times()["wake_s"] >= 0
+        assert 0 <= result.phases["wake"] <= result.sync_time
 
         expected = trainer_logprobs(model, prompt, completion)
         assert torch.allclose(served_late, expected, atol=ATOL), "held request saw old weights"

@@ -1,0 +1,34 @@
+"""The header's phase: the trainer device's live phase and the last step's seconds in each."""
+
+from __future__ import annotations
+
+from grpo_trainer.train.phases import CURRENT, PHASES, PhaseClock
+from grpo_tui.run_state import RunState
+from grpo_tui.supervisor.events import MetricsRecord
+from grpo_tui.widgets.run_header import phase_text
+
+
+def test_header_shows_the_phase_the_trainer_last_reported_and_the_step_times() -> None:
+    state = RunState("r")
+    assert phase_text(state).plain == ""
+    sent: list[MetricsRecord] = []
+    clock = PhaseClock(
+        lambda step, data: sent.append(
+            MetricsRecord(t=0.0, process="trainer", step=step, data=data)
+        ),
+        0,
+    )
+    for phase in ("sleeping", "training", "syncing", "generating"):
+        clock.enter(phase, 1)
+    clock.move(0.0, "syncing", "waking")
+    step_record = clock.take()
+    assert set(step_record) == {f"phase/{name}_s" for name in PHASES}
+    assert [r.data[CURRENT] for r in sent] == [0.0, 1.0, 2.0, 3.0, 0.0]
+
+    for record in sent[:3]:  # generating, sleeping, training
+        state.apply(record)
+    assert phase_text(state).plain == "  phase training"
+    state.apply(MetricsRecord(t=1.0, process="trainer", step=1, data=step_record))
+    text = phase_text(state).plain
+    assert text.startswith("  phase training  last step: generating ")
+    assert all(f"{name} " in text for name in PHASES)
