@@ -1,4 +1,5 @@
-"""One run switching weight-sync modes: ``none`` -> ``lora_only`` -> ``shared_vllm``.
+"""One run switching weight-sync modes: ``lora_only`` -> ``shared_vllm`` -> ``colocate`` ->
+``lora_only`` (LoRA to full: the adapter is merged; full to colocate; colocate to LoRA).
 
 The real Supervisor over the real role plan of a shortened quickstart copy, in this
 process; ``Supervisor.switch_mode`` is called once the trainer has reported a few steps in
@@ -6,9 +7,9 @@ each mode. Asserted:
 
 - the trainer's step records over the whole run are exactly 1..STEPS, each once: every
   incarnation continues where the previous one checkpointed (no reset, no jump back);
-- the trainer was spawned three times, each in the next mode, and each restart announced
+- the trainer was spawned once per mode, each in the next mode, and each restart announced
   it resumed at the step the previous incarnation ended on; inference was rebuilt with
-  the new mode's flags (LoRA, then shared weights);
+  the new mode's flags (shared weights, shared weights with sleep mode, LoRA);
 - no rollout group is lost: groups the API received = groups served + still queued, and
   the groups served are exactly STEPS batches (every step acknowledged once);
 - the run ends with exit code 0 and leaves no process carrying its run id.
@@ -39,8 +40,9 @@ from grpo_tui.roles import Plan, build_plan
 from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
 
 STEPS = 15
-SWITCH_AT = {"lora_only": 4, "shared_vllm": 9}
-"""Mode -> the trainer step reached before switching to it."""
+START_MODE = "lora_only"
+SWITCH_AT = (("shared_vllm", 4), ("colocate", 8), ("lora_only", 11))
+"""(mode, the trainer step reached before switching to it), in order."""
 
 SYNC_EVERY = 2
 GROUPS_PER_STEP = quickstart_value("trainer", "batch_size") // quickstart_value("env", "group_size")
@@ -82,13 +84,13 @@ async def stacks() -> AsyncIterator[list[Stack]]:
 
 
 @pytest.mark.e2e
-@pytest.mark.timeout(300)
-async def test_none_to_lora_only_to_shared_vllm_keeps_steps_and_rollouts(
+@pytest.mark.timeout(420)
+async def test_lora_to_shared_vllm_to_colocate_to_lora_keeps_steps_and_rollouts(
     tmp_path: Path, stacks: list[Stack]
 ) -> None:
     path = make_profile(
         tmp_path,
-        mode="none",
+        mode=START_MODE,
         overrides={
             "trainer": {
                 "training_steps": STEPS,
@@ -106,7 +108,7 @@ async def test_none_to_lora_only_to_shared_vllm_keeps_steps_and_rollouts(
     await stack.until(lambda: bool(spawns(run_dir, "trainer")), 120, "the trainer's spawn")
     run_id = run_id_of(spawns(run_dir, "trainer")[0][0])
     ended_at: list[int] = []
-    for mode, step in SWITCH_AT.items():
+    for mode, step in SWITCH_AT:
         await stack.until(lambda s=step: stack.latest_step() >= s, 180, f"step {step}")
         await sup.switch_mode(mode)
         ended_at.append(max(s for s, _ in trainer_steps(run_dir)))
@@ -119,15 +121,23 @@ async def test_none_to_lora_only_to_shared_vllm_keeps_steps_and_rollouts(
     assert steps == list(range(1, STEPS + 1))
 
     trainers = spawns(run_dir, "trainer")
-    assert len(trainers) == 3
+    assert len(trainers) == len(SWITCH_AT) + 1
     commands = [e["command"] for e in events(run_dir, "ProcessPlanned")]
     trainer_modes = [
         c[c.index("--weight-bridge-mode") + 1] for c in commands if "--weight-bridge-mode" in c
     ]
-    assert trainer_modes[-1] == "shared_vllm" and "lora_only" in trainer_modes
+    # each mode once, in order (a crash restart would repeat one: none is expected)
+    assert [m for i, m in enumerate(trainer_modes) if i == 0 or m != trainer_modes[i - 1]] == [
+        START_MODE,
+        *(mode for mode, _ in SWITCH_AT),
+    ]
     inference = [c for c in commands if "grpo_trainer.serve" in c]
-    assert any("--enable-lora" in c for c in inference)
-    assert "--shared-weights" in inference[-1] and "--enable-lora" not in inference[-1]
+    flags = [
+        ("--enable-lora" in c, "--shared-weights" in c, "--enable-sleep-mode" in c)
+        for c in inference
+    ]
+    assert flags[0] == (True, False, False) and (False, True, False) in flags
+    assert flags[-2:] == [(False, True, True), (True, False, False)], flags
     resumed = [
         int(m.group(1))
         for e in events(run_dir, "Notice")

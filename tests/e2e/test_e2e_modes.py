@@ -1,4 +1,4 @@
-"""The headless quickstart, shortened, in each of the four weight-sync modes.
+"""The headless quickstart, shortened, in each of the five weight-sync modes.
 
 ``grpo-tui run`` on a copy of ``profiles/quickstart.toml`` (free ports, a temporary output
 directory, fewer steps): exit 0, a clear reward rise in the run's ``metrics.jsonl``, a
@@ -25,7 +25,7 @@ from e2e_stack import (
 )
 from e2e_stack import quickstart_copy as make_profile
 
-STEPS = {"shared_vllm": 30, "lora_only": 30, "none": 30, "lora_restart": 30}
+STEPS = {"shared_vllm": 30, "lora_only": 30, "none": 30, "lora_restart": 30, "colocate": 30}
 """Trainer steps per mode. Measured with the quickstart's 10 warm-up steps (5-step means;
 this test and the full quickstart, one run each): from 0.05-0.08 at step 5 to 0.20-0.37
 (shared_vllm), 0.32-0.34 (lora_only), 0.18-0.28 (none) and 0.15-0.22 (lora_restart) at
@@ -61,7 +61,7 @@ def overrides(mode: str) -> dict[str, dict[str, object]]:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("mode", ["shared_vllm", "lora_only", "none", "lora_restart"])
+@pytest.mark.parametrize("mode", ["shared_vllm", "lora_only", "none", "lora_restart", "colocate"])
 def test_quickstart_mode_learns_and_leaves_nothing(
     mode: str, tmp_path: Path, cli: list[HeadlessCli]
 ) -> None:
@@ -82,7 +82,10 @@ def test_quickstart_mode_learns_and_leaves_nothing(
     assert run_dir is not None
     assert tagged(run_id) == [], "processes of the run outlived it"
 
-    curve = [(step, data["reward/mean"]) for step, data in trainer_steps(run_dir)]
+    steps = trainer_steps(run_dir)
+    curve = [(step, data["reward/mean"]) for step, data in steps]
+    if mode == "colocate":  # inference slept and woke in every step
+        assert all(data["phase/sleeping_s"] >= 0 <= data["phase/waking_s"] for _, data in steps)
     assert [step for step, _ in curve] == list(range(1, STEPS[mode] + 1))
     first = mean([reward for _, reward in curve[:WINDOW]])
     last = mean([reward for _, reward in curve[-WINDOW:]])
