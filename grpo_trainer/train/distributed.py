@@ -18,10 +18,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+
+COLLECTIVE_TIMEOUT = timedelta(hours=1)
+"""How long a rank waits in one collective. The other ranks wait in a broadcast while
+rank 0 waits for the step's batch or for an inference restart (``none``,
+``lora_restart``), which can take longer than torch's default (10 minutes for NCCL)."""
 
 
 @dataclass(frozen=True)
@@ -113,7 +119,9 @@ def init_distributed(device: str) -> Dist:
     else:
         raise ValueError(f"--device {device}: a multi-rank trainer runs on cuda or cpu")
     if not dist.is_initialized():
-        dist.init_process_group(backend=backend, device_id=_device_id(device))
+        dist.init_process_group(
+            backend=backend, device_id=_device_id(device), timeout=COLLECTIVE_TIMEOUT
+        )
     return Dist(rank=rank, world_size=world, local_rank=local, device=device)
 
 
