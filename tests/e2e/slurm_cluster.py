@@ -8,6 +8,7 @@ without it the tests that need a cluster are skipped, saying so.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -20,6 +21,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
 import pytest
 
 SCRIPT = Path(__file__).with_name("slurm_local.sh")
@@ -107,3 +109,19 @@ def stop_cluster(cluster: SlurmCluster) -> None:
             assert time.monotonic() < deadline, "jobs still listed 60 s after scancel"
             time.sleep(0.2)
     subprocess.run(["bash", str(SCRIPT), "stop", str(cluster.root)], timeout=30)
+    # A step on a node marked down stays with its slurmstepd, which waits for a controller
+    # that has written the step off: end our cluster's own (their SLURM_CONF is ours).
+    # slurmstepd writes its title over the start of its environment block, which psutil
+    # then reads as empty: look for our SLURM_CONF in the raw block.
+    conf = f"SLURM_CONF={cluster.env['SLURM_CONF']}".encode()
+    ours = []
+    for proc in psutil.process_iter():
+        with contextlib.suppress(psutil.Error, OSError):
+            environ = Path(f"/proc/{proc.pid}/environ").read_bytes().split(b"\0")
+            if proc.pid != os.getpid() and conf in environ:
+                ours.append(proc)
+    for proc in ours:  # slurmstepd ignores SIGTERM; its controller is gone already
+        with contextlib.suppress(psutil.Error):
+            proc.kill()
+    _, alive = psutil.wait_procs(ours, timeout=10)
+    assert not alive, f"could not end {alive}"
