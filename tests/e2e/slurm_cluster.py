@@ -58,6 +58,11 @@ class SlurmCluster:
                 found[name] = nodes.strip()
         return found
 
+    def step_ids(self, job: str) -> dict[str, str]:
+        """``step name -> step id`` of the job's live steps."""
+        out = self.run("squeue", "-h", "--steps", "--jobs", job, "-o", "%j %i").stdout
+        return dict(line.split() for line in out.splitlines() if len(line.split()) == 2)
+
     def job_alive(self, job: str) -> bool:
         return bool(self.run("squeue", "-h", "--jobs", job, "-o", "%i").stdout.strip())
 

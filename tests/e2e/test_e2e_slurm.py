@@ -5,8 +5,11 @@
   node 2: the job runs ``grpo-tui run`` on node 1, each role is an ``srun`` step on its
   node, the reward rises as in the one-machine test (``test_e2e_modes``, same steps, same
   margin), ``grpo-tui attach --status`` answers while it runs, and no step outlives it.
-- SIGKILL of a supervisor inside an allocation: no step of the run is left on any node and
-  no process of it on this host.
+- Inside an allocation: a restart asked on the control socket is a new step (new id);
+  SIGKILL of the supervisor then leaves no step of the run on any node and no process of
+  it on this host.
+- A node marked down mid-run ends the run at once with Slurm's reason, the last
+  checkpoint kept.
 - The watchdog alone ``scancel``s the steps it was told of, by id, and no other step.
 """
 
@@ -29,6 +32,8 @@ import pytest
 import tomli_w
 from e2e_stack import REPO, free_port, mean, quickstart_copy, trainer_steps, wait_until
 from slurm_cluster import SlurmCluster, start_cluster, stop_cluster
+
+from grpo_trainer.control import SupervisorLink
 
 STEPS = 30
 WINDOW = 5
@@ -169,6 +174,16 @@ def test_sigkill_of_the_supervisor_leaves_no_step_on_any_node(
             steps = wait_until(all_steps, 180, "the four role steps")
             assert set(steps.values()) == {"n1", "n2"}
             assert of_run(run_dir)
+            # a restart (asked on the control socket, as the trainer would) is a new step
+            env_step = f"grpo.{run_dir.name}.env"
+            before = slurm.step_ids(job)[env_step]
+            link = SupervisorLink(str(run_dir / "control.sock"), process="test")
+            try:
+                assert link.request("restart", process="env", timeout=120)["state"] == "ready"
+            finally:
+                link.close()
+            after = slurm.step_ids(job)
+            assert after[env_step] != before and before not in after.values()
             os.kill(supervisor.pid, signal.SIGKILL)
             supervisor.wait(10)
             wait_until(lambda: slurm.steps(job) == {}, 60, "every step of the run to end")
