@@ -77,9 +77,12 @@ class ColocateSharedSync(SharedFileSync):
         self.control = SleepControl(self.client)
 
     def attach(self, model: nn.Module) -> nn.Module:
-        """Share the weights, then check the server runs with sleep mode on."""
+        """Share the weights, then wake the server (a trainer restarted mid-step finds it
+        asleep) and confirm it is awake."""
         model = super().attach(model)
+        self.control.wake()
         self.control.confirm_awake()
+        self.control.take_wake_time()  # not a step's
         return model
 
     def before_train_step(self) -> None:
@@ -121,19 +124,15 @@ class VllmColocateSync(ColocateSharedSync):
     sleep_level = 2
 
     def attach(self, model: nn.Module) -> nn.Module:
-        """Check the trainer is on CUDA and the server awake; push the start weights."""
+        """Push the start weights through one sleep/wake cycle (also wakes a server that a
+        trainer restarted mid-step left asleep, its weights dropped)."""
         if hasattr(model, "peft_config"):
             raise SyncError("colocate trains the full model; got a peft (LoRA) model")
         if next(model.parameters()).device.type != "cuda":
             raise SyncError("colocate on vLLM needs the trainer on the server's CUDA device")
-        self.control.confirm_awake()
         self.client.post("/init_weight_transfer_engine", json={"init_info": {}})
-        self.client.post("/pause", mode="wait")
-        try:
-            self._push(model)
-        finally:
-            self.client.post("/resume")
-        self.client.post("/reset_prefix_cache")
+        self.before_train_step()
+        self.sync(model, 0)
         return model
 
     def sync(self, model: nn.Module, step: int) -> SyncResult:

@@ -36,6 +36,7 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_trainer.live_edits import EditWatcher
 from grpo_trainer.sync.base import WeightSync
+from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.restart import SupervisorStopping
 from grpo_trainer.train.api_client import LeasedBatch
 from grpo_trainer.train.checkpoint import (
@@ -202,7 +203,13 @@ class Trainer:
                 if self.strategy is not None:
                     if self.strategy.sleeps:
                         clock.enter("sleeping", self.step)
-                    self.strategy.before_train_step()
+                    try:
+                        self.strategy.before_train_step()
+                    except SyncError as exc:
+                        raise SyncLagExceeded(
+                            f"inference did not release the device before step "
+                            f"{self.step + 1}: {exc}; stopping"
+                        ) from exc
                 clock.enter("training", self.step)
                 metrics = self.train_step(batch)
                 if self.source is not None:

@@ -77,6 +77,14 @@ def test_inference_sleeps_through_the_step_and_wakes_on_the_new_weights(
         assert result.policy_version == 5
     finally:
         strategy.close()
+    # a trainer restarted mid-step finds the server asleep: attaching wakes it
+    assert httpx.post(f"{server.url}/sleep", timeout=30).status_code == 200
+    again = ColocateSharedSync(context(server, tmp_path))
+    try:
+        again.attach(load_model(base_model))
+        assert not is_sleeping(server.url)
+    finally:
+        again.close()
 
 
 def test_a_failed_wake_up_is_retried_then_stops_training_with_the_reason(
