@@ -103,7 +103,7 @@ def plan_gpus(
     if inference is not None:
         _check_inference(inference, problem)
         gpus = tuple(inference.gpus or ())
-        on_gpu = bool(gpus) or inference.backend == "vllm" or inference.device.startswith("cuda")
+        on_gpu = bool(gpus) or inference.backend != "builtin" or inference.device.startswith("cuda")
         plan.placements["inference"] = Placement(gpus=gpus, on_gpu=on_gpu)
     if trainer is not None and inference is not None:
         _check_together(mode, inference, plan.placements, problem)
@@ -176,11 +176,11 @@ def _check_together(
             "inference share GPUs only where vLLM runs on GPUs of the trainer's alone "
             "(a single shared GPU, or some of a multi-GPU trainer's)",
         )
-    elif shared and inference.backend == "vllm" and inference.gpu_memory_utilization is None:
+    elif shared and inference.backend != "builtin" and inference.gpu_memory_utilization is None:
         problem(
             ("inference", "gpu_memory_utilization"),
-            f"is required when vLLM shares GPU {shared[0]} with the trainer (vLLM would take "
-            "0.9 of its memory): e.g. 0.45",
+            f"is required when {inference.backend} shares GPU {shared[0]} with the trainer "
+            "(it would take ~0.9 of its memory): e.g. 0.45",
         )
     if mode == "colocate":
         _check_colocate(trainer, served, problem)

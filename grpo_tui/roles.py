@@ -25,7 +25,13 @@ from pydantic import BaseModel, ValidationError
 from grpo_trainer.api.settings import TOKEN_ENV, ApiSettings
 from grpo_trainer.envs.settings import EnvSettings
 from grpo_trainer.live_edits import EDITABLE, record_edit, unknown_keys
-from grpo_trainer.serve.settings import LORA_MODES, InferenceSettings, Mode, inference_command
+from grpo_trainer.serve.settings import (
+    LORA_MODES,
+    InferenceSettings,
+    Mode,
+    inference_command,
+    request_model_name,
+)
 from grpo_trainer.sync.restart import RESTART_MODES
 from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.memory_fit import fit_problem, footprint, param_count, read_model_config
@@ -677,6 +683,10 @@ class RoleLayer:
 
     def _env_spec(self, name: str, index: int) -> ProcessSpec:
         env = self._require(self.envs[index])
+        if self.inference is not None:  # the adapter's request name depends on the mode
+            env = env.model_copy(
+                update={"model_name": request_model_name(self.inference, self.mode)}
+            )
         depends = self._model_deps()
         depends.update({r: HEALTHY for r in ("api", "inference", "trainer") if r in self.roles})
         command = env.command(

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-Backend = Literal["builtin", "vllm"]
+Backend = Literal["builtin", "vllm", "sglang"]
 Mode = Literal["none", "shared_vllm", "lora_only", "lora_restart", "colocate"]
 LORA_MODES: tuple[str, ...] = ("lora_only", "lora_restart")
 SHARED_MODES: tuple[str, ...] = ("shared_vllm", "colocate")
@@ -101,6 +101,11 @@ class InferenceSettings(BaseModel):
         min_length=1,
         description="how to invoke vLLM's CLI, e.g. ['python3', '-m', 'vllm.entrypoints.cli.main']",
     )
+    sglang_executable: list[str] = Field(
+        default_factory=lambda: [sys.executable, "-m", "sglang.launch_server"],
+        min_length=1,
+        description="how to start SGLang's server (its own python -m sglang.launch_server)",
+    )
     extra_args: list[str] = Field(default_factory=list)
 
     @model_validator(mode="before")
@@ -125,8 +130,10 @@ class InferenceSettings(BaseModel):
 
     @model_validator(mode="after")
     def _builtin_only(self) -> InferenceSettings:
-        if self.backend == "vllm" and self.cpu_threads is not None:
-            raise ValueError("cpu_threads is a built-in backend setting: vLLM has no such flag")
+        if self.backend != "builtin" and self.cpu_threads is not None:
+            raise ValueError(
+                f"cpu_threads is a built-in backend setting: {self.backend} has no such flag"
+            )
         return self
 
     @property
@@ -166,7 +173,8 @@ def inference_command(
     """The command that serves ``model`` (plus ``adapter`` in LoRA modes) for sync ``mode``.
 
     Raises ``ValueError`` naming the problem for an unknown mode, an adapter outside the
-    LoRA modes, or the built-in ``shared_vllm`` / ``colocate`` mode without a ``shared_dir``.
+    LoRA modes, the built-in ``shared_vllm`` / ``colocate`` mode without a ``shared_dir``,
+    or a mode the SGLang backend cannot run (``SGLANG_REFUSED``).
     """
     if mode not in typing.get_args(Mode):
         raise ValueError(f"unknown weight-sync mode {mode!r}")
@@ -174,6 +182,8 @@ def inference_command(
         raise ValueError(f"an adapter is only served in LoRA modes, not in {mode!r}")
     if settings.backend == "vllm":
         return _vllm_command(settings, mode=mode, model=model, adapter=adapter)
+    if settings.backend == "sglang":
+        return _sglang_command(settings, mode=mode, model=model, adapter=adapter)
     return _builtin_command(
         settings, mode=mode, model=model, adapter=adapter, shared_dir=shared_dir
     )
@@ -271,3 +281,76 @@ def _vllm_command(
         env["VLLM_SERVER_DEV_MODE"] = "1"
         env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     return InferenceLaunch(argv=[*argv, *settings.extra_args], env=env)
+
+
+SGLANG_REFUSED: dict[str, str] = {
+    "shared_vllm": (
+        "the SGLang backend has no shared-weights path here: SGLang's closest equivalent "
+        "(/init_weights_update_group + /update_weights_from_distributed, an NCCL broadcast "
+        "from the trainer) is not wired into the trainer yet; use mode none (weights "
+        "reloaded in place through /update_weights_from_disk, no restart) or a LoRA mode"
+    ),
+    "colocate": (
+        "the SGLang backend does not run colocate here (SGLang's sleep/wake is "
+        "/release_memory_occupation + /update_weights_from_tensor, not wired in yet); use "
+        "mode none or a LoRA mode"
+    ),
+}
+"""Modes the SGLang backend refuses at ``grpo-tui check`` time, with the reason."""
+
+
+def _sglang_command(
+    settings: InferenceSettings, *, mode: str, model: str, adapter: str | None
+) -> InferenceLaunch:
+    """``python -m sglang.launch_server`` with SGLang's flag names.
+
+    Metrics on (``/metrics``) for the dashboard; LoRA modes serve the base as
+    ``<served_model_name>-base`` with runtime adapter loading (``/load_lora_adapter``) on
+    every module and, after a ``lora_restart`` restart, the adapter preloaded under the
+    served name (``--lora-paths NAME=PATH``).
+    """
+    if mode in SGLANG_REFUSED:
+        raise ValueError(f"backend sglang cannot run mode {mode!r}: {SGLANG_REFUSED[mode]}")
+    argv = [
+        *settings.sglang_executable,
+        "--model-path",
+        model,
+        "--host",
+        settings.host,
+        "--port",
+        str(settings.port),
+        "--served-model-name",
+        settings.base_model_name(mode),
+        "--dtype",
+        settings.dtype,
+        "--random-seed",
+        str(settings.seed),
+        "--enable-metrics",
+    ]
+    if settings.max_model_len is not None:
+        argv += ["--context-length", str(settings.max_model_len)]
+    if settings.gpu_memory_utilization is not None:
+        argv += ["--mem-fraction-static", str(settings.gpu_memory_utilization)]
+    if settings.enforce_eager:
+        argv.append("--disable-cuda-graph")
+    if settings.tensor_parallel_size > 1:
+        argv += ["--tp-size", str(settings.tensor_parallel_size)]
+    if settings.data_parallel_size > 1:
+        argv += ["--dp-size", str(settings.data_parallel_size)]
+    if mode in LORA_MODES:
+        argv += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank)]
+        argv += ["--lora-target-modules", "all"]
+        if adapter is not None:
+            argv += ["--lora-paths", f"{settings.served_model_name}={adapter}"]
+    return InferenceLaunch(argv=[*argv, *settings.extra_args], env={})
+
+
+def request_model_name(settings: InferenceSettings, mode: str) -> str:
+    """The ``model`` environments put in their requests for the current policy.
+
+    vLLM and the built-in server serve the LoRA adapter under ``served_model_name``;
+    SGLang's OpenAI API picks an adapter by ``<base name>:<adapter name>``.
+    """
+    if settings.backend == "sglang" and mode in LORA_MODES:
+        return f"{settings.base_model_name(mode)}:{settings.served_model_name}"
+    return settings.served_model_name

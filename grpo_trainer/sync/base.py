@@ -33,7 +33,7 @@ class SyncContext:
     inference_url: str
     served_model_name: str
     checkpoint_dir: Path
-    backend: str  # "builtin" | "vllm"
+    backend: str  # "builtin" | "vllm" | "sglang"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from torch import nn
 from grpo_trainer.sync.artifacts import prune_served, save_adapter
 from grpo_trainer.sync.base import SyncContext, SyncResult, WeightSync
 from grpo_trainer.sync.client import InferenceClient, SyncError
+from grpo_trainer.sync.sglang import replace_adapter
 
 INITIAL_ADAPTER = "adapter_initial"
 
@@ -39,8 +40,12 @@ class HotSwapSync(WeightSync):
 
         vLLM's engine can die when an adapter is reloaded while generations use it
         (vllm-project/vllm#13698, seen on an H200 with 0.24.0), so generation is paused
-        (``wait``: in-flight requests finish first) around the reload there.
+        (``wait``: in-flight requests finish first) around the reload there. SGLang has
+        no in-place reload: :func:`replace_adapter` unloads and loads while paused.
         """
+        if self.context.backend == "sglang":
+            replace_adapter(self.client, self.context.served_model_name, str(path.resolve()))
+            return
         body = {
             "lora_name": self.context.served_model_name,
             "lora_path": str(path.resolve()),

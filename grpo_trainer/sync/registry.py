@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from grpo_trainer.control import SupervisorLink
+from grpo_trainer.serve.settings import SGLANG_REFUSED
 from grpo_trainer.sync.base import MODES, SyncContext, WeightSync
 from grpo_trainer.sync.colocate import ColocateSharedSync, VllmColocateSync
 from grpo_trainer.sync.lora_only import HotSwapSync
 from grpo_trainer.sync.lora_restart import AdapterRestartSync
 from grpo_trainer.sync.none import RestartSync
+from grpo_trainer.sync.sglang import SglangDiskSync
 from grpo_trainer.sync.shared import SharedFileSync
 from grpo_trainer.sync.vllm_shared import VllmSharedSync
 
@@ -23,8 +25,12 @@ def make_strategy(
     """
     if mode not in MODES:
         raise ValueError(f"unknown weight-sync mode {mode!r}; choose one of {', '.join(MODES)}")
-    if context.backend not in ("builtin", "vllm"):
+    if context.backend not in ("builtin", "vllm", "sglang"):
         raise ValueError(f"unknown inference backend {context.backend!r}")
+    if context.backend == "sglang" and mode in SGLANG_REFUSED:
+        raise ValueError(f"backend sglang cannot run mode {mode!r}: {SGLANG_REFUSED[mode]}")
+    if mode == "none" and context.backend == "sglang":
+        return SglangDiskSync(context)
     if mode == "none":
         return RestartSync(context, link=link)
     if mode == "lora_restart":

@@ -26,7 +26,7 @@ LossType = Literal["grpo", "dapo", "dr_grpo"]
 Optimizer = Literal["adamw", "adafactor", "adamw_8bit"]
 LrSchedule = Literal["constant", "cosine"]
 Dtype = Literal["float32", "bfloat16", "float16"]
-Backend = Literal["builtin", "vllm"]
+Backend = Literal["builtin", "vllm", "sglang"]
 
 EXIT_BAD_CONFIG = 2
 """Exit status for bad configuration: nothing was loaded, nothing was lost."""

@@ -20,7 +20,8 @@ import psutil
 from grpo_tui.supervisor.events import Event, GpuSample, ResourceSample
 from grpo_tui.supervisor.process import ChildProcess
 
-TOKENS_COUNTER = "vllm:generation_tokens_total"
+TOKENS_COUNTERS = ("vllm:generation_tokens_total", "sglang:generation_tokens_total")
+"""Generated-token counters of vLLM and SGLang (``--enable-metrics``); a server has one."""
 SCRAPE_TIMEOUT = 2.0
 """Seconds a ``/metrics`` scrape may take: a busy server answers late, not never."""
 
@@ -152,10 +153,11 @@ class GpuSampler:
 
 
 def generation_tokens(text: str) -> float | None:
-    """Sum of ``vllm:generation_tokens_total`` over its label sets in Prometheus text."""
+    """Sum of the generated-token counter over its label sets in Prometheus text."""
     total, found = 0.0, False
     for line in text.splitlines():
-        if line.startswith(TOKENS_COUNTER) and line[len(TOKENS_COUNTER)] in " {":
+        counter = next((c for c in TOKENS_COUNTERS if line.startswith(c)), None)
+        if counter is not None and line[len(counter) : len(counter) + 1] in (" ", "{"):
             with contextlib.suppress(ValueError, IndexError):
                 total += float(line.rsplit(maxsplit=1)[-1])
                 found = True

@@ -121,7 +121,7 @@ def test_builtin_argv_parses_with_the_servers_own_parser(mode: str) -> None:
 
 def test_bad_settings_are_refused_with_the_reason() -> None:
     with pytest.raises(ValidationError, match="backend"):
-        InferenceSettings(backend="sglang")
+        InferenceSettings(backend="tgi")
     with pytest.raises(ValidationError, match="gpu_memory"):
         InferenceSettings(gpu_memory_utilization=1.5)
     with pytest.raises(ValidationError, match="unknown_key"):

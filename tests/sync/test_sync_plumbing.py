@@ -114,7 +114,7 @@ def test_registry_picks_one_strategy_per_mode_and_backend(monkeypatch, tmp_path:
     with pytest.raises(ValueError, match="unknown weight-sync mode"):
         make_strategy("legacy", context)
     with pytest.raises(ValueError, match="backend"):
-        make_strategy("lora_only", SyncContext("u", "p", tmp_path, "sglang"))
+        make_strategy("lora_only", SyncContext("u", "p", tmp_path, "tgi"))
     assert set(MODES) == {"none", "lora_only", "lora_restart", "shared_vllm", "colocate"}
 
 

@@ -1,0 +1,227 @@
+"""The SGLang backend: its command lines, what ``check`` refuses, the request name of the
+adapter, the completion answers environments parse, and the weight-update calls.
+
+SGLang cannot run on this CPU CI (it is a GPU server, not installed here): the answer
+shapes below are SGLang's documented ones (its OpenAI protocol's CompletionResponse, the
+RL guide's update endpoints), and the weight-update calls go to a stand-in transport that
+records them. ``benchmarks/sglang_device.sh`` runs the real server on a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from grpo_trainer.envs.inference import parse_samples
+from grpo_trainer.serve.settings import (
+    SGLANG_REFUSED,
+    InferenceSettings,
+    inference_command,
+    request_model_name,
+)
+from grpo_trainer.sync.client import InferenceClient, SyncError
+from grpo_trainer.sync.sglang import replace_adapter, update_from_disk
+from grpo_tui.profile import ProfileError, load_profile
+from grpo_tui.roles import build_plan
+from grpo_tui.supervisor.samplers import generation_tokens
+
+REPO = Path(__file__).resolve().parents[2]
+SGLANG = InferenceSettings(backend="sglang", port=30000, dtype="bfloat16", max_model_len=512)
+
+
+def test_full_weight_modes_serve_the_stable_name_on_loopback() -> None:
+    argv = inference_command(SGLANG, mode="none", model="/m").argv
+    assert argv[:3] == [sys.executable, "-m", "sglang.launch_server"]
+
+    def flags(name: str) -> str:
+        return argv[argv.index(name) + 1]
+
+    assert flags("--model-path") == "/m"
+    assert flags("--host") == "127.0.0.1" and flags("--port") == "30000"
+    assert flags("--served-model-name") == "policy"
+    assert flags("--context-length") == "512" and flags("--random-seed") == "0"
+    assert "--enable-metrics" in argv and "--enable-lora" not in argv
+    assert request_model_name(SGLANG, "none") == "policy"
+
+
+@pytest.mark.parametrize("mode", ["lora_only", "lora_restart"])
+def test_lora_modes_serve_the_base_and_ask_for_the_adapter_by_base_colon_name(mode: str) -> None:
+    argv = inference_command(SGLANG, mode=mode, model="/m").argv
+    assert argv[argv.index("--served-model-name") + 1] == "policy-base"
+    assert argv[argv.index("--max-lora-rank") + 1] == "16"
+    assert argv[argv.index("--lora-target-modules") + 1] == "all"
+    assert "--lora-paths" not in argv
+    restarted = inference_command(SGLANG, mode=mode, model="/m", adapter="/a/step_4").argv
+    assert restarted[restarted.index("--lora-paths") + 1] == "policy=/a/step_4"
+    assert request_model_name(SGLANG, mode) == "policy-base:policy"
+
+
+def test_settings_map_onto_sglang_flag_names() -> None:
+    settings = SGLANG.model_copy(
+        update={"gpu_memory_utilization": 0.4, "enforce_eager": True, "tensor_parallel_size": 2}
+    )
+    argv = inference_command(settings, mode="none", model="/m").argv
+    assert argv[argv.index("--mem-fraction-static") + 1] == "0.4"
+    assert argv[argv.index("--tp-size") + 1] == "2"
+    assert "--disable-cuda-graph" in argv
+    with pytest.raises(ValueError, match="cpu_threads is a built-in backend setting: sglang"):
+        InferenceSettings(backend="sglang", cpu_threads=2)
+
+
+@pytest.mark.parametrize("mode", sorted(SGLANG_REFUSED))
+def test_modes_sglang_cannot_run_are_refused_by_check_with_the_reason(
+    mode: str, tmp_path: Path
+) -> None:
+    profile = tmp_path / "sglang.toml"
+    profile.write_text(
+        f'[run]\nmode = "{mode}"\noutput_dir = "{tmp_path}"\n[api]\n'
+        '[inference]\nbackend = "sglang"\n[trainer]\nbatch_size = 16\n[[env]]\ntask = "toy"\n'
+    )
+    with pytest.raises(ProfileError) as caught:
+        build_plan(load_profile(profile))
+    (problem,) = caught.value.problems
+    assert problem.key == "inference"
+    assert problem.message == f"backend sglang cannot run mode {mode!r}: {SGLANG_REFUSED[mode]}"
+
+
+def test_check_prints_the_sglang_plan_and_the_env_asks_for_the_adapter(tmp_path: Path) -> None:
+    profile = tmp_path / "sglang.toml"
+    profile.write_text(
+        f'[run]\nmode = "lora_only"\noutput_dir = "{tmp_path}"\n[api]\n'
+        '[inference]\nbackend = "sglang"\n[trainer]\nbatch_size = 16\n[[env]]\ntask = "toy"\n'
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "grpo_tui", "check", str(profile)],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "-m sglang.launch_server --model-path" in out.stdout
+    assert "--model-name policy-base:policy" in out.stdout
+
+
+# SGLang's CompletionResponse for prompt=[ids], n=2, logprobs=0, return_token_ids=true
+# (fields as python/sglang/srt/entrypoints/openai/protocol.py declares them).
+SGLANG_ANSWER = {
+    "id": "cmpl-5b0c",
+    "object": "text_completion",
+    "created": 1767225600,
+    "model": "policy-base:policy",
+    "choices": [
+        {
+            "index": 1,
+            "text": "77",
+            "logprobs": {
+                "text_offset": [0, 1],
+                "token_logprobs": [-0.25, -1.5],
+                "tokens": ["7", "7"],
+                "top_logprobs": [None, None],
+            },
+            "finish_reason": "length",
+            "matched_stop": None,
+            "token_ids": [22, 22],
+        },
+        {
+            "index": 0,
+            "text": "7",
+            "logprobs": {
+                "text_offset": [0],
+                "token_logprobs": [-0.5],
+                "tokens": ["7"],
+                "top_logprobs": [None],
+            },
+            "finish_reason": "stop",
+            "matched_stop": 151643,
+            "token_ids": [22],
+        },
+    ],
+    "usage": {"prompt_tokens": 12, "total_tokens": 15, "completion_tokens": 3},
+}
+
+
+def test_environments_parse_sglangs_completion_answer() -> None:
+    first, second = parse_samples(json.dumps(SGLANG_ANSWER).encode(), n=2)
+    assert (first.token_ids, first.logprobs, first.truncated) == ([22], [-0.5], False)
+    assert (second.token_ids, second.logprobs, second.truncated) == ([22, 22], [-0.25, -1.5], True)
+
+
+def test_the_token_rate_reads_sglangs_counter() -> None:
+    text = (
+        "# TYPE sglang:generation_tokens_total counter\n"
+        'sglang:generation_tokens_total{model_name="policy",tp_rank="0"} 1.5e+03\n'
+        'sglang:generation_tokens_total{model_name="policy",tp_rank="1"} 500\n'
+        "sglang:gen_throughput 812.5\n"
+    )
+    assert generation_tokens(text) == 2000.0
+
+
+class Recorder:
+    """A stand-in for SGLang's HTTP API: records each call, answers from a table."""
+
+    def __init__(self, answers: dict[str, tuple[int, dict[str, object]]]) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, dict[str, object]]] = []
+
+    def client(self) -> InferenceClient:
+        client = InferenceClient("http://127.0.0.1:30000", attempts=1)
+        client.http = httpx.Client(
+            base_url=client.base_url, transport=httpx.MockTransport(self.handle)
+        )
+        return client
+
+    def handle(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else {}
+        self.calls.append((request.url.path, body))
+        status, answer = self.answers.get(request.url.path, (200, {"success": True}))
+        return httpx.Response(status, json=answer)
+
+
+def test_adapter_replaced_between_pause_and_continue_and_a_missing_one_is_fine() -> None:
+    api = Recorder({"/unload_lora_adapter": (400, {"message": "LoRA adapter policy not found"})})
+    replace_adapter(api.client(), "policy", "/ckpt/served/adapter_step_3")
+    assert api.calls == [
+        ("/pause_generation", {"mode": "retract"}),
+        ("/unload_lora_adapter", {"lora_name": "policy"}),
+        ("/load_lora_adapter", {"lora_name": "policy", "lora_path": "/ckpt/served/adapter_step_3"}),
+        ("/continue_generation", {}),
+    ]
+
+
+def test_a_refused_load_raises_and_generation_still_continues() -> None:
+    api = Recorder(
+        {"/load_lora_adapter": (200, {"success": False, "error_message": "rank 64 > 16"})}
+    )
+    with pytest.raises(SyncError, match="adapter load failed: rank 64 > 16"):
+        replace_adapter(api.client(), "policy", "/a")
+    assert api.calls[-1] == ("/continue_generation", {})
+
+
+def test_full_weights_reloaded_from_disk_and_a_failure_says_why() -> None:
+    api = Recorder({})
+    update_from_disk(api.client(), "/ckpt/served/step_7", 7)
+    assert api.calls == [
+        (
+            "/update_weights_from_disk",
+            {"model_path": "/ckpt/served/step_7", "weight_version": "7", "flush_cache": True},
+        )
+    ]
+    bad = Recorder({"/update_weights_from_disk": (200, {"success": False, "message": "shape"})})
+    with pytest.raises(SyncError, match="weight update failed: shape"):
+        update_from_disk(bad.client(), "/x", 1)
+
+
+def test_the_trainer_picks_the_sglang_strategies(tmp_path: Path) -> None:
+    from grpo_trainer.sync.base import SyncContext
+    from grpo_trainer.sync.lora_only import HotSwapSync
+    from grpo_trainer.sync.registry import make_strategy
+    from grpo_trainer.sync.sglang import SglangDiskSync
+
+    context = SyncContext("http://127.0.0.1:30000", "policy", tmp_path, "sglang")
+    assert isinstance(make_strategy("none", context), SglangDiskSync)  # no restart, no link
+    assert isinstance(make_strategy("lora_only", context), HotSwapSync)
+    with pytest.raises(ValueError, match="backend sglang cannot run mode 'shared_vllm'"):
+        make_strategy("shared_vllm", context)
