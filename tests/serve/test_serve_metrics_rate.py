@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -47,28 +48,36 @@ async def sample(samplers: Samplers, server: ServerProcess, ready_at: float):
 async def test_each_instance_is_measured_from_its_first_scrape(
     tiny_model_dir: Path, tmp_path: Path
 ) -> None:
-    settings = InferenceSettings(port=free_port(), max_model_len=64)
-    launch = inference_command(settings, mode="none", model=str(tiny_model_dir))
-    async with httpx.AsyncClient() as client:
-        samplers = Samplers(client)
-        first = ServerProcess(launch, settings.base_url, tmp_path / "first.log")
-        second = ServerProcess(launch, settings.base_url, tmp_path / "second.log")
-        try:
-            await asyncio.to_thread(first.start)
-            ready = time.time()
-            made = await asyncio.to_thread(generate, first.base_url, 2)
-            rate, before, after = await sample(samplers, first, ready)
-            assert rate is not None, "the first scrape of an instance must give a rate"
-            assert made / (after - ready) <= rate <= made / (before - ready)
+    """Two real instances stand for one server before and after a restart: both start
+    side by side (to save a start), the sampler sees the pid change under one name."""
 
-            await asyncio.to_thread(first.stop)  # the restart of a sync in mode none
-            await asyncio.to_thread(second.start)
-            ready = time.time()
+    servers: list[ServerProcess] = []
+
+    def start(name: str) -> tuple[ServerProcess, float]:
+        settings = InferenceSettings(port=free_port(), max_model_len=64)
+        launch = inference_command(settings, mode="none", model=str(tiny_model_dir))
+        server = ServerProcess(launch, settings.base_url, tmp_path / f"{name}.log")
+        servers.append(server)  # stopped in the end even if its start fails
+        server.start()
+        return server, time.time()
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            starts = [pool.submit(start, name) for name in ("before", "after")]
+            (first, first_ready), (second, second_ready) = [f.result() for f in starts]
+        async with httpx.AsyncClient() as client:
+            samplers = Samplers(client)
+            made = await asyncio.to_thread(generate, first.base_url, 2)
+            rate, before, after = await sample(samplers, first, first_ready)
+            assert rate is not None, "the first scrape of an instance must give a rate"
+            assert made / (after - first_ready) <= rate <= made / (before - first_ready)
+
+            # the restart: the same name, a new pid, a counter from zero again
             made = await asyncio.to_thread(generate, second.base_url, 4)  # more than before
-            rate, before, after = await sample(samplers, second, ready)
+            rate, before, after = await sample(samplers, second, second_ready)
             assert rate is not None
             # from zero at its own start, not the difference to the old instance's counter
-            assert made / (after - ready) <= rate <= made / (before - ready)
-        finally:
-            await asyncio.to_thread(first.stop)
-            await asyncio.to_thread(second.stop)
+            assert made / (after - second_ready) <= rate <= made / (before - second_ready)
+    finally:
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(ServerProcess.stop, servers))
