@@ -1,10 +1,8 @@
-"""The multi-rank trainer on CPU (gloo): FSDP2 shards, batch split, DCP checkpoints.
+"""The multi-rank trainer on CPU (gloo): FSDP2 shards, batch split, stop, DCP checkpoints.
 
 One real ``torchrun --standalone --nproc-per-node 2`` run of the trainer against the same
-batches file as a single-process run in this test's process: the losses and gradient
-norms match (float32, relative difference < 1e-5), only rank 0 reports (one socket
-connection, each step once), and its DCP checkpoint resumes on one process exactly
-where the single-process run went.
+groups as a single-process run in this test's process (see the first test), and the
+loss normalisation across ranks on its own.
 """
 
 from __future__ import annotations
@@ -61,35 +59,57 @@ def _close(a: float, b: float, rel: float = 1e-5) -> bool:
     return math.isclose(a, b, rel_tol=rel)
 
 
-def test_two_ranks_match_one_rank_and_resume_on_one(tmp_path: Path) -> None:
+def test_two_ranks_match_one_stop_together_and_resume_on_one(tmp_path: Path) -> None:
+    """One real 2-rank run: steps 1-2 equal the single-process run's, only rank 0 reports,
+    a SIGTERM to rank 1 alone stops both ranks after the same step with one checkpoint
+    (the stop flag is reduced over ranks), and that DCP checkpoint resumes on one process
+    exactly where the single-process run went."""
     model = tiny_model(tmp_path / "model")
     groups = make_groups(model, count=6, group_size=4, seed=1)
     batches = write_groups(tmp_path / "batches.jsonl", groups)
+    growing = write_groups(tmp_path / "growing.jsonl", groups[:2])  # step 1 only, for now
+    two = tmp_path / "two.jsonl"
     server = SocketServer(tmp_path / "control.sock")
+    group: subprocess.Popen | None = None
     try:
         command = [
             sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc-per-node", "2", "-m", "grpo_trainer.train",
-            *_flags(model, batches, tmp_path / "two", tmp_path / "two.jsonl", steps=2),
+            *_flags(model, growing, tmp_path / "two", two, steps=3),
+            "--checkpoint-interval", "0",
         ]  # fmt: skip
         env = trainer_env(GRPO_TUI_SOCKET=str(server.path), GRPO_TUI_PROCESS="trainer")
-        two_ranks = subprocess.Popen(
+        group = subprocess.Popen(
             command, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
+        deadline = time.monotonic() + 180
+        while not (two.exists() and two.read_text().strip()):
+            assert group.poll() is None and time.monotonic() < deadline
+            time.sleep(0.2)
+        ranks = {
+            int(child.environ()["RANK"]): child
+            for child in psutil.Process(group.pid).children()
+            if "RANK" in child.environ()
+        }
+        ranks[1].send_signal(signal.SIGTERM)
+        write_groups(growing, groups[2:], mode="a")  # rank 0 can now lease step 2
         # the single-process run of the same steps, meanwhile, in this process
         one = tmp_path / "one.jsonl"
         flags = _flags(model, batches, tmp_path / "one", one, steps=3)
         assert run_session(TrainerConfig.from_argv(flags)) == 0
-        output, _ = two_ranks.communicate(timeout=240)
-        assert two_ranks.returncode == 0, output[-3000:]
+        output, _ = group.communicate(timeout=240)
+        assert group.returncode == 0, output[-3000:]
         socket_steps = server.steps()
         connections = len(server.conns)
     finally:
         server.close()
+        if group is not None and group.poll() is None:
+            group.kill()
+            group.wait()
 
     straight = {r["step"]: r["data"] for r in _records(one)}
-    sharded = {r["step"]: r["data"] for r in _records(tmp_path / "two.jsonl")}
-    assert sorted(sharded) == [1, 2]  # rank 0 alone writes metrics.jsonl
+    sharded = {r["step"]: r["data"] for r in _records(two)}
+    assert sorted(sharded) == [1, 2]  # rank 0 alone writes metrics.jsonl; stopped after 2
     assert connections == 1 and socket_steps == [1, 2]  # only rank 0 connects
     for step in (1, 2):
         for key in ("loss", "grad_norm", "entropy", "mean_ratio"):
@@ -99,9 +119,9 @@ def test_two_ranks_match_one_rank_and_resume_on_one(tmp_path: Path) -> None:
     whole = sum(len(seq) for g in groups[:2] for seq in g["tokens"])
     assert round(sharded[1]["tokens_per_s"] * sharded[1]["step_time"]) == whole
 
+    assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["step_2"]  # at the stop
     step_2 = tmp_path / "two" / "step_2"
     assert (step_2 / SHARDED_DIR).is_dir() and (step_2 / "model.safetensors").is_file()
-    assert not [p for p in (tmp_path / "two").iterdir() if p.name.startswith(".")]
 
     resumed = tmp_path / "resumed.jsonl"
     flags = _flags(model, batches, tmp_path / "two", resumed, steps=3)
@@ -155,44 +175,3 @@ def test_rank_shares_sum_to_the_whole_step(tmp_path: Path, loss_type: str) -> No
 def test_uneven_split_is_refused_with_the_fix() -> None:
     with pytest.raises(ValueError, match="multiple of the trainer's GPU count"):
         rank_slice(6, Dist(rank=0, world_size=4))
-
-
-def test_a_stop_on_one_rank_stops_both_after_the_same_step(tmp_path: Path) -> None:
-    """SIGTERM reaching rank 1 alone: both ranks finish the step under way, checkpoint it
-    together and exit 0 (the stop flag is reduced over ranks at each step boundary)."""
-    model = tiny_model(tmp_path / "model")
-    groups = make_groups(model, count=6, group_size=4, seed=1)
-    batches = write_groups(tmp_path / "batches.jsonl", groups[:2])  # step 1 only, for now
-    metrics = tmp_path / "metrics.jsonl"
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
-        "--nproc-per-node", "2", "-m", "grpo_trainer.train",
-        *_flags(model, batches, tmp_path / "ck", metrics, steps=3),
-        "--checkpoint-interval", "0",
-    ]  # fmt: skip
-    group = subprocess.Popen(
-        command, cwd=REPO, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 180
-        while not (metrics.exists() and metrics.read_text().strip()):
-            assert group.poll() is None and time.monotonic() < deadline
-            time.sleep(0.2)
-        ranks = {
-            int(child.environ()["RANK"]): child
-            for child in psutil.Process(group.pid).children()
-            if "RANK" in child.environ()
-        }
-        ranks[1].send_signal(signal.SIGTERM)
-        write_groups(batches, groups[2:4], mode="a")  # rank 0 can now lease step 2
-        output, _ = group.communicate(timeout=180)
-    finally:
-        if group.poll() is None:
-            group.kill()
-            group.wait()
-    assert group.returncode == 0, output[-3000:]
-    assert [r["step"] for r in _records(metrics)] == [1, 2]
-    steps = sorted(p.name for p in (tmp_path / "ck").iterdir())
-    assert steps == ["step_2"]
-    assert (tmp_path / "ck" / "step_2" / SHARDED_DIR).is_dir()
