@@ -23,6 +23,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -80,7 +81,10 @@ def write_batches(path: Path, *, steps: int, groups: int, group_size: int, lengt
 
 
 def run(args: argparse.Namespace, ranks: int, dtype: str, work: Path) -> dict[str, Any]:
-    save = work / f"ck-{ranks}-{dtype}"
+    # the trainer checkpoints at its end (weights + optimizer: ~8 GB for 0.5B in float32):
+    # in memory when /dev/shm exists, and dropped after the run
+    scratch = Path("/dev/shm") if Path("/dev/shm").is_dir() else work
+    save = scratch / f"fsdp_scaling-ck-{ranks}-{dtype}"
     metrics = work / f"metrics-{ranks}-{dtype}.jsonl"
     metrics.unlink(missing_ok=True)
     flags = [
@@ -108,6 +112,7 @@ def run(args: argparse.Namespace, ranks: int, dtype: str, work: Path) -> dict[st
         text=True,
         timeout=args.timeout,
     )
+    shutil.rmtree(save, ignore_errors=True)
     row: dict[str, Any] = {"ranks": ranks, "dtype": dtype, "wall_s": time.monotonic() - started}
     if done.returncode != 0:
         row["error"] = (done.stdout + done.stderr)[-2000:]
