@@ -46,6 +46,7 @@ from typing import Any
 import psutil
 import tomli_w
 
+from grpo_trainer.serve.settings import SGLANG_REFUSED
 from grpo_trainer.sync.restart import RESTART_MODES
 from grpo_tui.supervisor.tree import PROCESS_VAR, RUN_ID_VAR, is_alive, tagged
 
@@ -224,6 +225,16 @@ def profile_for(
             # process on the GPU frees memory meanwhile (concurrent cells restart servers).
             "extra_args": ["--kv-cache-memory-bytes", str(args.kv_cache_bytes)],
         }
+    elif cell.backend == "sglang":
+        inference |= {
+            "enforce_eager": True,  # --disable-cuda-graph: seconds, not a minute, per start
+            "gpu_memory_utilization": args.gpu_memory_utilization,
+            "sglang_executable": [sys.executable, "-m", "sglang.launch_server"],
+            # Triton kernels and torch sampling: nothing for flashinfer to JIT-compile on a
+            # machine without the CUDA toolkit or network.
+            "extra_args": ["--attention-backend", "triton", "--sampling-backend", "pytorch"]
+            + (["--lora-backend", "triton"] if cell.mode in LORA_MODES else []),
+        }
     else:
         inference["device"] = cell.device
     trainer: dict[str, Any] = {
@@ -261,6 +272,8 @@ def plan_cells(args: argparse.Namespace, gpu_model: str, tiny_model: str) -> lis
     cells = []
     for backend in args.backends:
         for mode in args.modes:
+            if backend == "sglang" and mode in SGLANG_REFUSED:
+                continue  # refused at check time, with the reason (docs/inference.md)
             restart = mode in RESTART_MODES
             steps = args.restart_steps if restart else args.steps
             sync_every = args.restart_sync_every if restart else 1
@@ -725,7 +738,7 @@ def facts(args: argparse.Namespace) -> dict[str, str]:
         "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "python": platform.python_version(),
     }
-    for dist in ("torch", "transformers", "vllm", "peft"):
+    for dist in ("torch", "transformers", "vllm", "sglang", "peft"):
         try:
             out[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
@@ -760,13 +773,14 @@ def markdown(
     shape = TINY_SHAPE if args.quick else GPU_SHAPE
     concurrent = args.parallel > 1 and len(results) > 1
     lines = [
-        "# Weight-sync modes on a GPU: vLLM and the built-in backend",
+        f"# Weight-sync modes on a GPU: {', '.join(args.backends)}",
         "",
         f"- date: {info['date']}; device: {info['device']}"
         + (f", driver {info['driver']}" if "driver" in info else "")
         + f"; {info['cpus']} CPU cores",
         f"- versions: python {info['python']}, torch {info['torch']}, transformers "
-        f"{info['transformers']}, vLLM {info['vllm']}, peft {info['peft']}",
+        f"{info['transformers']}, vLLM {info['vllm']}, SGLang {info['sglang']}, "
+        f"peft {info['peft']}",
         f"- model: random Qwen2 {shape} ({params / 1e6:.1f} M parameters, "
         f"{weight_bytes / MIB:.1f} MiB per copy in {args.dtype}), 44-token char tokenizer",
         f"- layout: {LAYOUTS[args.layout]}",
@@ -947,7 +961,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stop-grace", type=float, default=25.0)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.05)
     parser.add_argument("--kv-cache-bytes", type=int, default=512 * MIB)
-    parser.add_argument("--orphan-backend", choices=["vllm", "builtin", "off"], default="vllm")
+    parser.add_argument(
+        "--orphan-backend", choices=["vllm", "sglang", "builtin", "off"], default="vllm"
+    )
     parser.add_argument("--orphan-wait", type=float, default=30.0)
     parser.add_argument("--reward-window", type=int, default=3)
     parser.add_argument("--reward-margin", type=float, default=0.05)

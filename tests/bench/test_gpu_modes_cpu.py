@@ -29,7 +29,8 @@ def gpu_modes(out: Path, *args: str, timeout: float) -> subprocess.CompletedProc
 
 
 def test_every_cell_profile_passes_check_with_the_vllm_flags(tmp_path: Path) -> None:
-    done = gpu_modes(tmp_path / "out", "--dry-run", "--quick", timeout=240)
+    backends = ("--backends", "vllm", "builtin", "sglang")
+    done = gpu_modes(tmp_path / "out", "--dry-run", "--quick", *backends, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     plans = {
         block.split(":", 1)[0]: block
@@ -38,6 +39,7 @@ def test_every_cell_profile_passes_check_with_the_vllm_flags(tmp_path: Path) -> 
     }
     names = [f"{b}-{m}" for b in ("vllm", "builtin") for m in ("none", "lora_only")]
     names += [f"{b}-{m}" for b in ("vllm", "builtin") for m in ("lora_restart", "shared_vllm")]
+    names += ["sglang-none", "sglang-lora_only", "sglang-lora_restart"]  # shared_vllm refused
     assert sorted(plans) == sorted(names)
     for mode in ("none", "lora_only", "lora_restart", "shared_vllm"):
         plan = plans[f"vllm-{mode}"]
@@ -55,6 +57,12 @@ def test_every_cell_profile_passes_check_with_the_vllm_flags(tmp_path: Path) -> 
     # The built-in shared mode shares the server's GPU weights through CUDA IPC.
     assert "--device cpu" not in builtin_shared
     assert "--device cuda" in builtin_shared and "--shared-weights" in builtin_shared
+    for mode in ("none", "lora_only", "lora_restart"):  # SGLang: nothing to JIT-compile
+        plan = plans[f"sglang-{mode}"]
+        assert "-m sglang.launch_server --model-path" in plan
+        assert "--attention-backend triton --sampling-backend pytorch" in plan
+        assert ("--lora-backend triton" in plan) == mode.startswith("lora")
+        assert "--inference-backend sglang" in plan  # the trainer picks the SGLang strategies
 
 
 @pytest.mark.e2e
