@@ -10,6 +10,7 @@ from pathlib import Path
 import psutil
 from sweep_cheap import REPO, journal, run_sweep, sweep_args, wait_for, write_profile
 
+from grpo_tui.sweep.grid import expand, parse_set
 from grpo_tui.sweep.store import SweepDir
 
 
@@ -66,12 +67,16 @@ def test_sigkill_of_the_sweep_ends_its_cells_and_a_restart_runs_only_the_rest(
     assert {s.state for s in SweepDir(sweep_dir).statuses().values()} == {"done"}
     assert (sweep_dir / "attempts" / f"{third}-1").is_dir()  # the killed attempt, kept aside
     assert (sweep_dir / third / "metrics.jsonl").is_file()
+    done = run_sweep(profile, sweep_dir, "--parallel", "2")  # all done: nothing runs again
+    assert done.returncode == 0 and "3 cells, 3 done before, 0 to run" in done.stdout
+    assert starts(sweep_dir) == {first: 1, second: 1, third: 2}
 
 
 def test_a_restart_with_other_cells_is_refused(tmp_path: Path) -> None:
     profile = write_profile(tmp_path)
     sweep_dir = tmp_path / "sweep"
-    assert run_sweep(profile, sweep_dir, "--parallel", "3").returncode == 0
+    axes = [parse_set('process.work.env.SCALE="0.3","0.9","0.6"')]
+    SweepDir(sweep_dir).create_or_match(profile, axes, expand(axes, zipped=False), zipped=False)
     other = subprocess.run(
         [*sweep_args(profile, sweep_dir)[:-2], "--set", "process.work.env.STEPS=\"3\"",
          "--dir", str(sweep_dir)],
@@ -79,5 +84,4 @@ def test_a_restart_with_other_cells_is_refused(tmp_path: Path) -> None:
     )  # fmt: skip
     assert other.returncode == 2
     assert "holds another sweep" in other.stderr
-    done = run_sweep(profile, sweep_dir)
-    assert done.returncode == 0 and "3 done before, 0 to run" in done.stdout
+    assert not SweepDir(sweep_dir).journal()  # nothing ran
