@@ -93,6 +93,7 @@ class Engine:
         self.gate = GenerationGate()
         self.stats = EngineStats()
         self.seeds = seeds or random.Random()
+        self._batch_generator: torch.Generator | None = None
         self.scheduler: BatchScheduler[Generation] = BatchScheduler(
             self._run_batch, max_rows=max_batch_rows, window=batch_window
         )
@@ -120,8 +121,10 @@ class Engine:
         """Decode one batch of requests (the scheduler's thread), resolving each when done."""
         with self.lock:
             self._activate(batch[0].adapter)
+            self._batch_generator = self._generator(None)
             for pending in batch:
-                pending.item.generator = self._generator(pending.item.params.seed)
+                if pending.item.params.seed is not None:
+                    pending.item.generator = self._generator(pending.item.params.seed)
             try:
                 self._decode(batch)
             except Aborted:
@@ -146,8 +149,8 @@ class Engine:
 
     def _prefill_inputs(
         self, batch: list[Pending[Generation]]
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Left-padded input ids, attention mask and position ids of every row."""
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """Input ids of every row, left-padded; mask and positions only when padded."""
         longest = max(len(p.item.prompt_ids) for p in batch)
         ids, mask = [], []
         for pending in batch:
@@ -156,6 +159,8 @@ class Engine:
             ids += [[self.pad_id] * pad + prompt] * pending.rows
             mask += [[0] * pad + [1] * len(prompt)] * pending.rows
         input_ids = torch.tensor(ids, device=self.device)
+        if all(len(p.item.prompt_ids) == longest for p in batch):
+            return input_ids, None, None  # no padding: the model's causal default
         attention = torch.tensor(mask, device=self.device)
         positions = (attention.cumsum(-1) - 1).clamp(min=0)
         return input_ids, attention, positions
@@ -171,32 +176,30 @@ class Engine:
         step = 0
         while active:
             self.gate.checkpoint()
-            last = out.logits[:, -1, :]
-            next_ids = torch.empty(last.shape[0], dtype=torch.long, device=self.device)
-            row = 0
-            for pending in active:
-                rows = slice(row, row + pending.rows)
-                next_ids[rows] = self._sample(pending.item, last[rows], eos)
-                row += pending.rows
+            next_ids = self._sample_step(active, out.logits[:, -1, :], eos)
             step += 1
             keep = [p for p in active if not p.item.finished and step < p.item.params.max_tokens]
+            kept = {id(p) for p in keep}
             for pending in active:
-                if not any(pending is k for k in keep):
+                if id(pending) not in kept:
                     self._finish(pending)
             if not keep:
                 return
             if len(keep) < len(active):
                 kept_rows, row = [], 0
                 for pending in active:
-                    if any(pending is k for k in keep):
+                    if id(pending) in kept:
                         kept_rows += range(row, row + pending.rows)
                     row += pending.rows
                 index = torch.tensor(kept_rows, device=self.device)
                 out.past_key_values.batch_select_indices(index)
-                next_ids, attention, positions = next_ids[index], attention[index], positions[index]
+                next_ids = next_ids[index]
+                if attention is not None and positions is not None:
+                    attention, positions = attention[index], positions[index]
                 active = keep
-            attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], dim=1)
-            positions = positions[:, -1:] + 1
+            if attention is not None and positions is not None:
+                attention = torch.cat([attention, attention.new_ones(attention.shape[0], 1)], 1)
+                positions = positions[:, -1:] + 1
             out = self.model(
                 input_ids=next_ids[:, None],
                 attention_mask=attention,
@@ -205,29 +208,68 @@ class Engine:
                 use_cache=True,
             )
 
-    def _sample(self, generation: Generation, logits: torch.Tensor, eos: int) -> torch.Tensor:
-        """Sample the next token of each of ``generation``'s rows and record it."""
-        params = generation.params
-        logprobs = processed_logprobs(
-            logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
-        )
-        next_ids = sample_next(
-            logprobs, greedy=params.temperature == 0, generator=generation.generator
-        )
-        chosen = logprobs.gather(-1, next_ids[:, None]).squeeze(-1).tolist()
-        top = logprobs.topk(params.top_logprobs, dim=-1) if params.top_logprobs else None
-        for row, sample in enumerate(generation.samples):
-            if sample.finish_reason is not None:
-                continue
-            token = int(next_ids[row])
-            sample.token_ids.append(token)
-            sample.logprobs.append(chosen[row])
-            entry = {token: chosen[row]}
-            if top is not None:
-                entry |= dict(zip(top.indices[row].tolist(), top.values[row].tolist(), strict=True))
-            sample.top_logprobs.append(entry)
-            self._check_stop(sample, token, params, eos)
+    def _sample_step(
+        self, active: list[Pending[Generation]], logits: torch.Tensor, eos: int
+    ) -> torch.Tensor:
+        """The next token of every row, recorded in the samples.
+
+        Rows are sampled together per (temperature, top-k, top-p, top_logprobs) and
+        generator: a request with its own ``seed`` draws from its own generator (so its
+        samples do not depend on what else is in the batch); the others share the batch's.
+        """
+        groups: dict[tuple[object, ...], list[tuple[Generation, int]]] = {}
+        row = 0
+        for pending in active:
+            item = pending.item
+            p = item.params
+            owner = id(item) if p.seed is not None else None
+            key = (p.temperature, p.top_k, p.top_p, p.top_logprobs, owner)
+            groups.setdefault(key, []).append((item, row))
+            row += pending.rows
+        next_ids = torch.empty(logits.shape[0], dtype=torch.long, device=self.device)
+        processed: dict[tuple[object, ...], torch.Tensor] = {}
+        for key, members in groups.items():
+            params = members[0][0].params
+            if key[:3] not in processed:
+                processed[key[:3]] = processed_logprobs(
+                    logits, temperature=params.temperature, top_k=params.top_k, top_p=params.top_p
+                )
+            rows = [r for item, start in members for r in range(start, start + item.params.n)]
+            index = torch.tensor(rows, device=self.device)
+            logprobs = processed[key[:3]].index_select(0, index)
+            generator = members[0][0].generator if key[4] is not None else self._batch_generator
+            ids = sample_next(logprobs, greedy=params.temperature == 0, generator=generator)
+            next_ids[index] = ids
+            chosen = logprobs.gather(-1, ids[:, None]).squeeze(-1).tolist()
+            top = logprobs.topk(params.top_logprobs, dim=-1) if params.top_logprobs else None
+            tokens = ids.tolist()
+            offset = 0
+            for item, _ in members:
+                for sample in item.samples:
+                    if sample.finish_reason is None:
+                        self._record(sample, tokens[offset], chosen[offset], top, offset, eos,
+                                     item.params)  # fmt: skip
+                    offset += 1
         return next_ids
+
+    def _record(
+        self,
+        sample: Sample,
+        token: int,
+        logprob: float,
+        top: torch.return_types.topk | None,
+        row: int,
+        eos: int,
+        params: SamplingParams,
+    ) -> None:
+        """Append one sampled token (and its top logprobs) to ``sample``; check stops."""
+        sample.token_ids.append(token)
+        sample.logprobs.append(logprob)
+        entry = {token: logprob}
+        if top is not None:
+            entry |= dict(zip(top.indices[row].tolist(), top.values[row].tolist(), strict=True))
+        sample.top_logprobs.append(entry)
+        self._check_stop(sample, token, params, eos)
 
     def _check_stop(self, sample: Sample, token: int, params: SamplingParams, eos: int) -> None:
         if token in params.stop_token_ids:
