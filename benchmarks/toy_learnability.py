@@ -76,6 +76,7 @@ class Outcome:
     end_reward: float
     equal_groups: float
     steps: int
+    step_seconds: list[float]
 
 
 def policy(setting: Setting, path: str, seed: int) -> nn.Module:
@@ -137,7 +138,9 @@ def run(setting: Setting, *, steps: int, target: float, stop: bool, verbose: boo
     rewards: list[float] = []
     equal: list[float] = []
     reached: tuple[int, float] | None = None
+    step_seconds: list[float] = []
     for step in range(1, steps + 1):
+        step_start = time.perf_counter()
         prompts = [task.sample(rng) for _ in range(setting.prompts)]
         ids = torch.tensor([tokenizer.encode(p.text, add_special_tokens=False) for p in prompts])
         ids = ids.repeat_interleave(setting.group_size, dim=0)
@@ -183,6 +186,7 @@ def run(setting: Setting, *, steps: int, target: float, stop: bool, verbose: boo
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
+        step_seconds.append(time.perf_counter() - step_start)
         if verbose and (step % 10 == 0 or step == 1):
             elapsed = time.perf_counter() - start
             print(f"  step {step:4d}  reward {rewards[-1]:.3f}  {elapsed:6.1f}s", flush=True)
@@ -196,6 +200,7 @@ def run(setting: Setting, *, steps: int, target: float, stop: bool, verbose: boo
         sum(rewards[-LAST:]) / len(rewards[-LAST:]),
         sum(equal[-EQUAL_WINDOW:]) / len(equal[-EQUAL_WINDOW:]),
         len(rewards),
+        step_seconds,
     )
 
 

@@ -1,0 +1,305 @@
+"""The quickstart through the real stack next to the same GRPO recipe in one process.
+
+In one run, side by side (markdown tables on stdout):
+
+1. **Built-in server throughput**: 16 concurrent ``/v1/completions`` requests of n=8 (the
+   toy task's prompts and ``max_tokens``), sequences per second, per code tree.
+2. **Stack vs floor**: ``grpo-tui run`` on a copy of ``profiles/quickstart.toml`` (free
+   ports, a temporary run directory) per weight-sync mode, next to
+   ``benchmarks/toy_learnability.py``'s in-process GRPO on the same model, batch and
+   recipe (full fine-tuning and LoRA): median step time, command -> first step, command
+   -> 5-step mean reward 0.8 (in-process: first step -> 0.8).
+3. **Per-stage breakdown** of a step from the runs' own metrics: the trainer's wait for
+   data, its compute (``step_time``) and the rest of its loop (fetch/parse, ack, sync,
+   report); per group in the environment, the wait for queue room, the completions request
+   and the post (``env/latency/*``, reported by environments from this change on).
+
+``--before DIR`` runs the same measurements on another checkout (e.g. ``git archive`` of
+an older commit unpacked outside the repository), each code tree through its own
+``PYTHONPATH`` and its own quickstart profile. The machine is shared: runs interleave
+(floor, ours, before) and the load average is printed with each; compare within one run.
+
+    python benchmarks/pipeline.py --before /tmp/base --modes shared_vllm lora_only
+    python benchmarks/pipeline.py --repeats 3 --steps 120
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import tomli_w
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from toy_learnability import Setting, run
+
+from grpo_trainer.models import build_tiny_model
+
+REPO = Path(__file__).resolve().parents[1]
+TARGET = 0.8
+LAST = 5
+SKIP = 3
+"""Steps left out of step-time medians (the first ones include warm-up of every part)."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def load() -> str:
+    return "/".join(f"{v:.1f}" for v in os.getloadavg())
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def ms(value: float | None) -> str:
+    return "-" if value is None else f"{value * 1000:.0f}"
+
+
+def secs(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+# ---- 1. built-in server throughput ------------------------------------------------------
+
+
+def server_throughput(tree: Path, model: Path, rounds: int) -> tuple[float, float]:
+    """Median sequences/s and round latency of 16 concurrent n=8 requests."""
+    port = free_port()
+    argv = [sys.executable, "-m", "grpo_trainer.serve", str(model), "--port", str(port),
+            "--served-model-name", "policy"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    with tempfile.TemporaryFile() as log:
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # fmt: skip
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 180
+            while True:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    log.seek(0)
+                    raise RuntimeError(f"server did not start: {log.read()[-2000:]!r}")
+                try:
+                    if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    time.sleep(0.1)
+            times = asyncio.run(_rounds(url, rounds + 1))[1:]  # the first warms up
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=30)
+    round_time = statistics.median(times)
+    return 16 * 8 / round_time, round_time
+
+
+async def _rounds(url: str, rounds: int) -> list[float]:
+    rng = random.Random(0)
+    times = []
+    async with httpx.AsyncClient(base_url=url, timeout=600) as client:
+        for _ in range(rounds):
+            bodies = [
+                {"model": "policy", "prompt": f"repeat {rng.choice('0123456789')}:", "n": 8,
+                 "max_tokens": 6, "temperature": 1.0, "logprobs": 0, "return_token_ids": True}
+                for _ in range(16)
+            ]  # fmt: skip
+            start = time.perf_counter()
+            answers = await asyncio.gather(
+                *(client.post("/v1/completions", json=b) for b in bodies)
+            )
+            times.append(time.perf_counter() - start)
+            assert all(a.status_code == 200 for a in answers), answers[0].text
+    return times
+
+
+# ---- 2. the stack -------------------------------------------------------------------------
+
+
+@dataclass
+class StackRun:
+    tree: str
+    mode: str
+    load: str
+    first_step: float | None = None
+    to_target: float | None = None
+    step: float | None = None
+    breakdown: dict[str, float | None] = field(default_factory=dict)
+    steps: int = 0
+    exit_code: int | None = None
+
+
+def stack_run(tree: Path, label: str, mode: str, steps: int, work: Path) -> StackRun:
+    """``grpo-tui run`` of ``tree``'s quickstart in ``mode``; times read from the run dir."""
+    profile = tomllib.loads((tree / "profiles" / "quickstart.toml").read_text())
+    out = work / f"{label}-{mode}-{time.monotonic_ns()}"
+    profile["run"].update(mode=mode, output_dir=str(out))
+    profile["api"]["port"] = free_port()
+    profile["inference"]["port"] = free_port()
+    profile["trainer"]["training_steps"] = steps
+    path = out.with_suffix(".toml")
+    out.mkdir(parents=True)
+    path.write_text(tomli_w.dumps(profile))
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    result = StackRun(label, mode, load())
+    started = time.time()
+    done = subprocess.run([sys.executable, "-m", "grpo_tui", "run", str(path)], env=env,
+                          capture_output=True, timeout=1800)  # fmt: skip
+    result.exit_code = done.returncode
+    run_dir = next(out.iterdir())
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
+    trainer = [r for r in records if r["process"] == "trainer" and "step_time" in r["data"]]
+    envs = [r["data"] for r in records if r["process"] == "env"]
+    result.steps = len(trainer)
+    if not trainer:
+        return result
+    times = [r["t"] for r in trainer]
+    rewards = [r["data"]["reward/mean"] for r in trainer]
+    result.first_step = times[0] - started
+    for i in range(LAST - 1, len(rewards)):
+        if sum(rewards[i - LAST + 1 : i + 1]) / LAST >= TARGET:
+            result.to_target = times[i] - started
+            break
+    steady = trainer[SKIP:]
+    gaps = [b - a for a, b in zip(times[SKIP:], times[SKIP + 1 :], strict=False)]
+    result.step = median(gaps)
+    wait = median([r["data"]["data_wait_time"] for r in steady])
+    compute = median([r["data"]["step_time"] for r in steady])
+    result.breakdown = {
+        "data wait": wait,
+        "trainer compute": compute,
+        "trainer rest": None
+        if None in (result.step, wait, compute)
+        else result.step - wait - compute,  # type: ignore[operator]
+        "sync": median([r["data"].get("sync_time", 0.0) for r in steady]),
+    }
+    for stage in ("room", "inference", "post"):
+        values = [d[f"env/latency/{stage}_s"] for d in envs if f"env/latency/{stage}_s" in d]
+        result.breakdown[f"env {stage} (per group)"] = median(values)
+    return result
+
+
+# ---- 3. the in-process floor --------------------------------------------------------------
+
+
+def floor(lora: bool, steps: int, seed: int) -> tuple[float, float | None, str]:
+    """Median step seconds and seconds to the target of the in-process GRPO recipe."""
+    setting = Setting(
+        lr=1e-3, group_size=8, prompts=16, temperature=1.0, init=0.02, hidden=64,
+        final_norm=6.0, beta=0.04, warmup=10, seed=seed, lora=lora,
+        lora_targets=("q_proj", "k_proj", "v_proj", "o_proj"), lora_r=16, lora_alpha=128,
+        rslora=False,
+    )  # fmt: skip
+    before = load()
+    outcome = run(setting, steps=steps, target=TARGET, stop=False, verbose=False)
+    return statistics.median(outcome.step_seconds[SKIP:]), outcome.seconds_to_target, before
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--before", type=Path, default=None, help="an older checkout to compare")
+    parser.add_argument("--modes", nargs="+", default=["shared_vllm", "lora_only"])
+    parser.add_argument("--steps", type=int, default=100, help="training steps per stack run")
+    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--server-rounds", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads of the floor")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    trees = [("ours", REPO)] + ([("before", args.before.resolve())] if args.before else [])
+    print(f"# pipeline benchmark  cpus={os.cpu_count()}  load at start {load()}\n", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        model = build_tiny_model(work / "model", seed=0)
+        print("## Built-in server: 16 concurrent requests of n=8 (max_tokens 6)\n")
+        print("| code | sequences/s | round ms | load |")
+        print("|---|---|---|---|")
+        served: dict[str, float] = {}
+        for label, tree in trees:
+            before = load()
+            rate, round_time = server_throughput(tree, model, args.server_rounds)
+            served[label] = rate
+            print(f"| {label} | {rate:.0f} | {round_time * 1000:.0f} | {before} |", flush=True)
+        if "before" in served:
+            print(f"\nthroughput ours / before: {served['ours'] / served['before']:.1f}x\n")
+        floors: dict[bool, list[tuple[float, float | None, str]]] = {False: [], True: []}
+        runs: list[StackRun] = []
+        for repeat in range(args.repeats):
+            for mode in args.modes:
+                lora = mode.startswith("lora")
+                floors[lora].append(floor(lora, args.steps, seed=repeat))
+                for label, tree in trees:
+                    runs.append(stack_run(tree, label, mode, args.steps, work))
+                    r = runs[-1]
+                    print(f"<!-- {label} {mode}: exit {r.exit_code}, {r.steps} steps, "
+                          f"step {ms(r.step)} ms, first {secs(r.first_step)} s, "
+                          f"0.8 {secs(r.to_target)} s, load {r.load} -->", flush=True)  # fmt: skip
+        _report(args, trees, floors, runs)
+
+
+def _report(
+    args: argparse.Namespace,
+    trees: list[tuple[str, Path]],
+    floors: dict[bool, list[tuple[float, float | None, str]]],
+    runs: list[StackRun],
+) -> None:
+    print("\n## Stack vs in-process floor (medians over repeats)\n")
+    print("| mode | code | step ms | floor step ms | ratio | command -> first step s | "
+          "command -> 0.8 s | floor first step -> 0.8 s | loads |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
+    for mode in args.modes:
+        lora = mode.startswith("lora")
+        floor_step = median([f[0] for f in floors[lora]])
+        floor_hit = median([f[1] for f in floors[lora] if f[1] is not None])
+        for label, _ in trees:
+            mine = [r for r in runs if r.mode == mode and r.tree == label]
+            step = median([r.step for r in mine if r.step is not None])
+            ratio = "-" if None in (step, floor_step) else f"{step / floor_step:.1f}x"  # type: ignore[operator]
+            hits = [r.to_target for r in mine]
+            hit = median([h for h in hits if h is not None])
+            missed = sum(h is None for h in hits)
+            hit_text = secs(hit) + (f" ({missed} of {len(hits)} missed)" if missed else "")
+            first = secs(median([r.first_step for r in mine if r.first_step is not None]))
+            loads = ", ".join(r.load for r in mine)
+            print(f"| {mode} | {label} | {ms(step)} | {ms(floor_step)} | {ratio} | {first} | "
+                  f"{hit_text} | {secs(floor_hit)} | {loads} |")  # fmt: skip
+    print(
+        "\n## Per-stage breakdown of a step, ms (medians over steps after the first "
+        f"{SKIP}, then over repeats)\n"
+    )
+    stages = list(runs[0].breakdown) if runs else []
+    for run_ in runs:
+        stages += [s for s in run_.breakdown if s not in stages]
+    header = [f"{mode} {label}" for mode in args.modes for label, _ in trees]
+    print("| stage | " + " | ".join(header) + " |")
+    print("|---" * (len(header) + 1) + "|")
+    for stage in stages:
+        cells = []
+        for mode in args.modes:
+            for label, _ in trees:
+                values = [
+                    r.breakdown.get(stage) for r in runs if r.mode == mode and r.tree == label
+                ]
+                cells.append(ms(median([v for v in values if v is not None])))
+        print(f"| {stage} | " + " | ".join(cells) + " |")
+    print(f"\nload at end {load()}")
+
+
+if __name__ == "__main__":
+    main()
