@@ -16,7 +16,8 @@ In one run, side by side (markdown tables on stdout):
 
 ``--before DIR`` runs the same measurements on another checkout (e.g. ``git archive`` of
 an older commit unpacked outside the repository), each code tree through its own
-``PYTHONPATH`` and its own quickstart profile. The machine is shared: runs interleave
+``PYTHONPATH`` and working directory (``python -m`` puts the working directory first on
+``sys.path``) and its own quickstart profile. The machine is shared: runs interleave
 (floor, ours, before) and the load average is printed with each; compare within one run.
 
     python benchmarks/pipeline.py --before /tmp/base --modes shared_vllm lora_only
@@ -89,7 +90,7 @@ def server_throughput(tree: Path, model: Path, rounds: int) -> tuple[float, floa
             "--served-model-name", "policy"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree)}
     with tempfile.TemporaryFile() as log:
-        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+        proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tree,
                                 start_new_session=True)  # fmt: skip
         try:
             url = f"http://127.0.0.1:{port}"
@@ -161,7 +162,7 @@ def stack_run(tree: Path, label: str, mode: str, steps: int, work: Path) -> Stac
     result = StackRun(label, mode, load())
     started = time.time()
     done = subprocess.run([sys.executable, "-m", "grpo_tui", "run", str(path)], env=env,
-                          capture_output=True, timeout=1800)  # fmt: skip
+                          cwd=tree, capture_output=True, timeout=1800)  # fmt: skip
     result.exit_code = done.returncode
     run_dir = next(out.iterdir())
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
@@ -219,7 +220,9 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=100, help="training steps per stack run")
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--server-rounds", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2, help="torch threads of the floor")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads of the floor (1, as in the stack)"
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     trees = [("ours", REPO)] + ([("before", args.before.resolve())] if args.before else [])
