@@ -4,8 +4,9 @@ Concurrent requests are decoded together: the scheduler (``scheduler.py``) hands
 engine every request queued at once, whose prompts are left-padded into one batch (each
 prompt's ``n`` rows side by side, attention masked and positions counted from each row's
 first real token), run once, then one token per row per step through the model's KV
-cache. Each request samples its own rows with its own parameters and generator, and
-leaves the batch (its rows pruned from the cache) as soon as all its rows have finished.
+cache. Each request samples its rows with its own parameters (with its own generator when
+it has a ``seed``, so its samples do not depend on the rest of the batch) and leaves the
+batch (its rows pruned from the cache) as soon as all its rows have finished.
 The adapters and shared weights are per-model state, so a batch runs under the engine
 lock with one adapter; the generation gate lets the trainer pause between decode steps.
 See ``sampling.py`` for the logprob convention. A request without ``seed`` samples with
