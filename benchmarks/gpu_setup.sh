@@ -15,6 +15,7 @@ export PYTHONPATH=$PWD:/tmp/site
 echo "gpu_setup: installed in ${SECONDS}s"
 # No network there: never let a library try to reach a hub or send usage stats.
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+export CUDA_DEVICE_ORDER=PCI_BUS_ID  # GPU indices as nvidia-smi and our profiles number them
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv
 python3 -c "import importlib.metadata as m; print({d: m.version(d) for d in

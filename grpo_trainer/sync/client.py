@@ -49,7 +49,7 @@ class InferenceClient:
 
         A 4xx is the server refusing the request (bad adapter, unknown name): not retried.
         """
-        last = ""
+        first = last = ""
         for attempt in range(self.attempts):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
@@ -57,13 +57,18 @@ class InferenceClient:
                 response = self.http.request(method, path, json=json, params=params)
             except httpx.HTTPError as error:
                 last = f"{type(error).__name__}: {error}"
+                first = first or last
                 continue
             if response.status_code < 400:
                 return response
             last = f"HTTP {response.status_code}: {response.text[:500]}"
+            first = first or last
             if response.status_code < 500:
                 break
-        raise SyncError(f"{method} {self.base_url}{path} failed: {last}")
+        # A retried call can fail differently the second time (a server that reset its
+        # state after the first error): the first error is the cause, so it is kept.
+        cause = last if first in ("", last) else f"{last} (first attempt: {first})"
+        raise SyncError(f"{method} {self.base_url}{path} failed: {cause}")
 
     def post(self, path: str, json: Any = None, **params: Any) -> httpx.Response:
         """``POST path`` with optional JSON body and query parameters."""
