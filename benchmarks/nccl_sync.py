@@ -70,6 +70,10 @@ def measure_sync(shape: str, work: Path, args: argparse.Namespace) -> dict[str, 
     port = free_port()
     settings = vllm_settings(args, port)
     launch = inference_command(settings, mode="shared_vllm", model=str(model_dir))
+    # The role layer's launcher pins a server to its gpus; this script starts it directly.
+    launch = launch.model_copy(
+        update={"env": {**launch.env, "CUDA_VISIBLE_DEVICES": str(args.vllm_gpu)}}
+    )
     server = ServerProcess(launch, f"http://127.0.0.1:{port}", work / f"{shape}-vllm.log")
     result: dict[str, Any] = {"shape": shape}
     started = server.start(timeout=args.start_timeout)
