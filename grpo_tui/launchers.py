@@ -103,29 +103,8 @@ class Torchrun:
     python: str = sys.executable
 
     def wrap(self, command: Launch, placement: Placement) -> Launch:
-        argv = [
-            self.python,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            str(placement.ranks),
-            "--max-restarts",
-            "0",
-            "--tee",
-            "3",
-            "--log-dir",
-            str(self.log_dir),
-            "--no-python",
-            *command.argv,
-        ]
-        env = {
-            **command.env,
-            **placement.env(),
-            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX,
-            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(int(self.shutdown_timeout)),
-        }
-        return Launch(argv=argv, env=env)
+        rendezvous = ["--standalone", "--nproc-per-node", str(placement.ranks)]
+        return torchrun_launch(self, rendezvous, command, placement)
 
 
 def launcher_for(placement: Placement, *, log_dir: Path, shutdown_timeout: float) -> Launcher:
@@ -200,28 +179,42 @@ class TorchrunNodes:
     python: str = sys.executable
 
     def wrap(self, command: Launch, placement: Placement) -> Launch:
-        argv = [
-            self.python,
-            "-m",
-            "torch.distributed.run",
+        rendezvous = [
             f"--nnodes={self.nodes}",
             f"--nproc-per-node={placement.ranks}",
             "--rdzv-backend=c10d",
             f"--rdzv-endpoint={self.endpoint}",
             f"--rdzv-id={self.rdzv_id}",
-            "--max-restarts",
-            "0",
-            "--tee",
-            "3",
-            "--log-dir",
-            str(self.log_dir),
-            "--no-python",
-            *command.argv,
         ]
-        env = {
-            **command.env,
-            **placement.env(),
-            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX,
-            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(int(self.shutdown_timeout)),
-        }
-        return Launch(argv=argv, env=env)
+        return torchrun_launch(self, rendezvous, command, placement)
+
+
+def torchrun_launch(
+    launcher: Torchrun | TorchrunNodes,
+    rendezvous: list[str],
+    command: Launch,
+    placement: Placement,
+) -> Launch:
+    """``torchrun RENDEZVOUS ... --no-python COMMAND``: what both torchrun launchers share
+    (no restarts of its own, prefixed rank output, per-rank logs, the shutdown timeout)."""
+    argv = [
+        launcher.python,
+        "-m",
+        "torch.distributed.run",
+        *rendezvous,
+        "--max-restarts",
+        "0",
+        "--tee",
+        "3",
+        "--log-dir",
+        str(launcher.log_dir),
+        "--no-python",
+        *command.argv,
+    ]
+    env = {
+        **command.env,
+        **placement.env(),
+        "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": RANK_PREFIX,
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": str(int(launcher.shutdown_timeout)),
+    }
+    return Launch(argv=argv, env=env)
