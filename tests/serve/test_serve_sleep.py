@@ -114,13 +114,16 @@ def test_sleep_lets_a_running_request_finish_first(colocate_server: ServerProces
             lambda: 'vllm:num_requests_running{model_name="policy"} 1' in http.get("/metrics").text,
             "the long request to start",
         )
-        slept = http.post("/sleep", params={"level": 2})
-        assert slept.status_code == 200, slept.text
-        # /sleep returned, so the request had finished, whole: not aborted, not cut short.
-        assert running.done()
-        answer = running.result()
-        assert [len(c["token_ids"]) for c in answer["choices"]] == [long_tokens, long_tokens]
-        assert http.post("/wake_up").json()["status"] == "awake"
+        try:
+            slept = http.post("/sleep", params={"level": 2})
+            assert slept.status_code == 200, slept.text
+            # /sleep returned, so the engine had finished the request (its answer may
+            # still be on the wire), whole: not aborted, not cut short.
+            assert 'vllm:num_requests_running{model_name="policy"} 0' in http.get("/metrics").text
+            answer = running.result(timeout=60)
+            assert [len(c["token_ids"]) for c in answer["choices"]] == [long_tokens] * 2
+        finally:
+            assert http.post("/wake_up").json()["status"] == "awake"
         assert sleep_status(http)["is_sleeping"] is False
 
 
