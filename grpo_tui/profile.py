@@ -84,9 +84,19 @@ def format_key(path: Iterable[str | int]) -> str:
             out += f"[{part}]"
             continue
         if not _BARE_KEY.match(part):
-            part = json.dumps(part, ensure_ascii=False)
+            part = "".join(
+                c if c.isprintable() else _toml_escape(c)
+                for c in json.dumps(part, ensure_ascii=False)
+            )
         out += f".{part}" if out else part
     return out
+
+
+def _toml_escape(char: str) -> str:
+    r"""A character as a TOML string escape: what is not printable would break the line
+    (``\x85`` and ``\u2028`` are line breaks to ``str.splitlines``)."""
+    code = ord(char)
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 _HEADER = re.compile(r"^\s*(\[\[?)\s*(.+?)\s*\]\]?\s*(#.*)?$")

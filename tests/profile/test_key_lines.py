@@ -54,3 +54,13 @@ def test_keys_inside_strings_and_arrays_are_not_keys() -> None:
 def test_format_key() -> None:
     assert format_key(("env", 0, "group_size")) == "env[0].group_size"
     assert format_key(("process", "reward", "depends_on", "x")) == "process.reward.depends_on.x"
+
+
+def test_format_key_keeps_an_odd_key_on_one_readable_line() -> None:
+    assert format_key(("run", " ")) == 'run." "'
+    assert format_key(("run", 'x"y')) == r'run."x\"y"'
+    # Line breaks to str.splitlines (NEL, LINE SEPARATOR) and other unprintables are escaped.
+    for key, shown in (("\x85", r'run."\u0085"'), ("a\u2028b", r'run."a\u2028b"')):
+        assert format_key(("run", key)) == shown
+        assert len(format_key(("run", key)).splitlines()) == 1
+    assert format_key(("run", "é x")) == 'run."é x"'
