@@ -303,16 +303,19 @@ class Trainer:
 
     def checkpoint(self) -> None:
         """Save the current step and prune old checkpoints."""
+        common = {
+            "checkpoint_dir": self.config.checkpoint_dir,
+            "step": self.step,
+            "optimizer": self.optimizer,
+            "scheduler": {"step": self.step, "lr_schedule": self.config.lr_schedule},
+            "config": self.config.model_dump(mode="json"),
+            "base": self.base,
+        }
         if self.consolidator is not None:
             save_sharded_checkpoint(
                 self.model,
                 self.tokenizer,
-                checkpoint_dir=self.config.checkpoint_dir,
-                step=self.step,
-                optimizer=self.optimizer,
-                scheduler={"step": self.step, "lr_schedule": self.config.lr_schedule},
-                config=self.config.model_dump(mode="json"),
-                base=self.base,
+                **common,
                 world=self.world,
                 consolidator=self.consolidator,
             )
@@ -321,16 +324,7 @@ class Trainer:
             self.world.barrier()
             self.last_saved_step = self.step
             return
-        save_checkpoint(
-            self.model,
-            self.tokenizer,
-            checkpoint_dir=self.config.checkpoint_dir,
-            step=self.step,
-            optimizer=self.optimizer,
-            scheduler={"step": self.step, "lr_schedule": self.config.lr_schedule},
-            config=self.config.model_dump(mode="json"),
-            base=self.base,
-        )
+        save_checkpoint(self.model, self.tokenizer, **common)
         prune_checkpoints(self.config.checkpoint_dir, self.config.keep_checkpoints)
         self.last_saved_step = self.step
 
