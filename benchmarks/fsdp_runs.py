@@ -198,6 +198,24 @@ def reshard(
     return report
 
 
+def diagnostics(reports: list[dict[str, Any]]) -> str:
+    """The first error and the tail of every log of each stage that did not pass: the
+    run directories stay on the device, so this is all the evidence that comes back."""
+    out = ["# Diagnostics of the stages that did not pass", ""]
+    for report in reports:
+        if report["passed"] or not report.get("run_dir"):
+            continue
+        out += [f"## {report['stage']}", ""]
+        run_dir = Path(report["run_dir"])
+        errors = [e for e in events(run_dir) if e.get("level") in ("error", "warning")]
+        out += [f"- event: {json.dumps(e)}" for e in errors[:20]]
+        logs = sorted(run_dir.glob("logs/**/*.log"))
+        for path in [run_dir.parent.parent / "supervisor.err", *logs]:
+            out += [f"### {path.name}", "```", gm.first_errors(path, 60), "...", gm.tail(path, 40)]
+            out += ["```", ""]
+    return "\n".join(out) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -233,6 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {report['stage']} | {report['passed']} | `{json.dumps(details)}` |")
     text = "\n".join([*lines, ""])
     (args.out / "fsdp_runs.md").write_text(text)
+    (args.out / "fsdp_runs_diagnostics.md").write_text(diagnostics([first, second]))
     print(text, flush=True)
     return 0 if first["passed"] and second["passed"] else 1
 
