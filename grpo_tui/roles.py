@@ -96,6 +96,11 @@ TRAINER_ROLE_KEYS = ("gpus",)
 """Keys of the ``[trainer]`` table that the role layer reads and the trainer never sees."""
 
 TRAINER_SHUTDOWN = 120.0
+# vLLM 0.24 never ends its HTTP shutdown while requests are in flight (it aborts the engine,
+# then waits for the open connections with no timeout), so every restart-mode sync waited
+# out the whole grace before the SIGKILL: 30 of the 65 s of each restart on an H200
+# (2026-11-24). Inference holds nothing to save, so its grace is short.
+INFERENCE_SHUTDOWN = 8.0
 """Seconds a stopping trainer (every rank) has to finish its step and checkpoint."""
 
 ENV_WIRED = {"model_name": "inference.served_model_name"}
@@ -637,7 +642,9 @@ class RoleLayer:
         placed, step = self._launched(
             "inference",
             launcher_for(
-                self.placement("inference"), log_dir=self.run_dir / "logs", shutdown_timeout=30
+                self.placement("inference"),
+                log_dir=self.run_dir / "logs",
+                shutdown_timeout=INFERENCE_SHUTDOWN,
             ).wrap(Launch(argv=launch.argv, env=launch.env), self.placement("inference")),
         )
         return ProcessSpec(
@@ -654,7 +661,7 @@ class RoleLayer:
                 url=health, initial_delay=10, period=15, timeout=10, failure_threshold=4
             ),
             restart=RestartPolicy(policy="always", backoff_base=1.0, max_restarts=5),
-            shutdown=Shutdown(timeout=30),
+            shutdown=Shutdown(timeout=INFERENCE_SHUTDOWN),
         )
 
     def _trainer_spec(self) -> ProcessSpec:
