@@ -102,19 +102,25 @@ def measure_sync(shape: str, work: Path, args: argparse.Namespace) -> dict[str, 
         result["attach_s"] = time.perf_counter() - begin
         if strategy.zero_copy:
             raise RuntimeError("vLLM and the trainer share a GPU: this measures NCCL only")
-        times, phases = [], []
-        for step in range(1, args.syncs + 1):
-            with torch.no_grad():
-                for p in params:
-                    p.add_(1e-3)  # new weights each time, as after an optimizer step
-            torch.cuda.synchronize(device)
-            outcome = strategy.sync(model, step)
-            times.append(outcome.sync_time)
-            phases.append(outcome.phases)
-        result["checkpoint_sync_s"] = times
-        result["checkpoint_phases"] = {
-            k: statistics.median(p[k] for p in phases) for k in phases[0]
-        }
+        result["kernel_format"] = strategy._layout is not None
+        formats = {"kernel": strategy._layout, "checkpoint": None}
+        for fmt, layout in formats.items():
+            if fmt == "kernel" and layout is None:
+                continue
+            strategy._layout = layout  # the benchmark compares both formats in one run
+            times, phases = [], []
+            for step in range(1, args.syncs + 1):
+                with torch.no_grad():
+                    for p in params:
+                        p.add_(1e-3)  # new weights each time, as after an optimizer step
+                torch.cuda.synchronize(device)
+                outcome = strategy.sync(model, step)
+                times.append(outcome.sync_time)
+                phases.append(outcome.phases)
+            result[f"{fmt}_sync_s"] = times
+            result[f"{fmt}_phases"] = {
+                k: statistics.median(p[k] for p in phases) for k in phases[0]
+            }
         result["sync_extra_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
         result["served_after_sync"] = served_ok(server.base_url, settings.served_model_name)
     finally:
@@ -191,7 +197,7 @@ def measure_broadcast(shape: str, args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-FORMATS = {"checkpoint": "checkpoint format (reload)"}
+FORMATS = {"kernel": "vLLM's layout (direct copy)", "checkpoint": "checkpoint format (reload)"}
 
 
 def table(rows: list[dict[str, Any]]) -> list[str]:

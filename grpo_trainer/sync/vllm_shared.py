@@ -7,11 +7,11 @@ is paused (``wait``) around the step; a sync resets the prefix cache.
 
 Other GPUs: vLLM's native weight transfer (``/init_weight_transfer_engine`` once, then per
 sync ``/start_weight_update``, ``/update_weights`` while the trainer broadcasts over NCCL,
-``/finish_weight_update``), with generation paused during the transfer. Weights go in
-checkpoint format (HF names; vLLM's weight loaders fuse and shard them). vLLM 0.24's
-direct-copy ("kernel format") path fails on a Qwen2 model ("a leaf Variable that requires
-grad is being used in an in-place operation": its loader copies outside ``no_grad``),
-seen on an H200 on 2026-11-24.
+``/finish_weight_update``), with generation paused during the transfer. Where every vLLM
+worker holds whole tensors (TP 1), the trainer sends them in vLLM's own layout (fused
+``qkv_proj``/``gate_up_proj``, padded vocabulary; ``vllm_names.kernel_tensors``) and vLLM
+copies each straight into its parameter; otherwise in checkpoint format, which vLLM's
+weight loaders shard and fuse (a layer-by-layer reload, several times slower).
 Needs ``VLLM_SERVER_DEV_MODE=1`` and the worker extension: ``inference_command`` sets both.
 Tensor parallel size 1 for the zero-copy path.
 """
@@ -32,6 +32,7 @@ from grpo_trainer.sync.base import SyncResult
 from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.cuda_ipc import map_server_weights, same_gpu, share_parameters
 from grpo_trainer.sync.shared import PausedUpdateSync
+from grpo_trainer.sync.vllm_names import kernel_tensors
 
 TRANSFER_ADDRESS_ENV = "GRPO_WEIGHT_TRANSFER_ADDRESS"
 """Address vLLM's workers reach the trainer at for the NCCL group (the trainer is its rank
@@ -51,6 +52,7 @@ class VllmSharedSync(PausedUpdateSync):
         super().__init__(*args, **kwargs)
         self.zero_copy = False
         self._group: Any = None
+        self._layout: list[tuple[str, list[int], str]] | None = None
         self._receiver: threading.Thread | None = None
         self._failure: list[BaseException] = []
         self._phases: dict[str, float] = {}
@@ -74,8 +76,33 @@ class VllmSharedSync(PausedUpdateSync):
             self.client.post("/reset_prefix_cache")
         else:
             self._init_nccl(device)
+            self._layout = self._kernel_layout(model)
             self.sync(model, 0)
         return model
+
+    def _kernel_layout(self, model: nn.Module) -> list[tuple[str, list[int], str]] | None:
+        """vLLM's parameter layout when every worker holds whole tensors ``model`` can fill.
+
+        None (send in checkpoint format) when workers differ (tensor parallel shards) or
+        the trainer's parameters do not build vLLM's exactly (checked on the meta device).
+        """
+        answer = self.client.post("/collective_rpc", json={"method": "grpo_weight_layout"})
+        layouts = answer.json().get("results", [])
+        if not layouts or any(layout != layouts[0] for layout in layouts):
+            return None
+        layout = [
+            (str(name), [int(d) for d in shape], str(dtype)) for name, shape, dtype in layouts[0]
+        ]
+        shapes = (
+            (name, torch.empty(p.shape, dtype=p.dtype, device="meta"))
+            for name, p in model.named_parameters()
+        )
+        try:
+            for _ in kernel_tensors(shapes, layout):
+                pass
+        except ValueError:
+            return None
+        return layout
 
     def _init_nccl(self, device: torch.device) -> None:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
@@ -141,15 +168,16 @@ class VllmSharedSync(PausedUpdateSync):
                 "transfer): zero-copy sharing needs the whole model on one trainer GPU"
             )
         self._init_nccl(device)
+        self._layout = self._kernel_layout(model)
 
     def begin_transfer(self, params: list[tuple[str, list[int], str]]) -> None:
         """Pause generation, open a weight update, and have vLLM receive in the background.
 
-        ``params`` is the trainer's ``(name, shape, dtype)`` per parameter, in the order
-        ``send`` sends them (checkpoint format). Always follow with
+        ``params`` is the trainer's ``(name, shape, dtype)`` per parameter, in order (sent
+        as is, in checkpoint format, unless vLLM's own layout is known). Always follow with
         ``end_transfer``, which resumes generation.
         """
-        layout = params
+        layout = self._layout if self._layout is not None else params
         update_info = {
             "names": [name for name, _, _ in layout],
             "dtype_names": [dtype for _, _, dtype in layout],
@@ -168,7 +196,9 @@ class VllmSharedSync(PausedUpdateSync):
         self._failure = []
         self.client.post("/pause", mode="wait")
         self._lap("pause")
-        self.client.post("/start_weight_update", json={"is_checkpoint_format": True})
+        self.client.post(
+            "/start_weight_update", json={"is_checkpoint_format": self._layout is None}
+        )
         self._lap("start")
         self._receiver = threading.Thread(target=server_side, daemon=True)
         self._receiver.start()
@@ -180,7 +210,10 @@ class VllmSharedSync(PausedUpdateSync):
         """
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
-        NCCLWeightTransferEngine.trainer_send_weights(named, {"group": self._group, "packed": True})
+        stream = kernel_tensors(named, self._layout) if self._layout is not None else named
+        NCCLWeightTransferEngine.trainer_send_weights(
+            stream, {"group": self._group, "packed": True}
+        )
 
     def end_transfer(self) -> dict[str, float]:
         """Wait until vLLM loaded what was sent, finish the update, resume generation.

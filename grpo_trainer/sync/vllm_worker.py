@@ -3,7 +3,8 @@
 vLLM mixes this class into each GPU worker; ``POST /collective_rpc {"method": ...}`` calls
 its methods there, where ``self.model_runner.model`` is the live model. It only reads:
 it exports CUDA IPC handles of the parameters so that the trainer, on the same GPU, can
-map them and update them in place. No vLLM import, no patching of vLLM.
+map them and update them in place, and it lists the parameters' layout so that a trainer
+on other GPUs can send them in vLLM's own (kernel) format. No vLLM import, no patching.
 """
 
 from __future__ import annotations
@@ -25,3 +26,10 @@ class SharedWeightsExtension:
     def grpo_export_weights(self) -> list[dict[str, Any]]:
         """CUDA IPC handles of every parameter (see ``grpo_trainer.serve.cuda_ipc``)."""
         return export_weights(self.model_runner.model)
+
+    def grpo_weight_layout(self) -> list[list[Any]]:
+        """``[name, shape, dtype]`` of every parameter, in the worker's order."""
+        return [
+            [name, list(param.shape), str(param.dtype).removeprefix("torch.")]
+            for name, param in self.model_runner.model.named_parameters()
+        ]

@@ -15,7 +15,7 @@ from grpo_trainer.sync.colocate import ColocateSharedSync, VllmColocateSync
 from grpo_trainer.sync.lora_only import HotSwapSync
 from grpo_trainer.sync.registry import make_strategy
 from grpo_trainer.sync.shared import SharedFileSync
-from grpo_trainer.sync.vllm_names import hf_views
+from grpo_trainer.sync.vllm_names import hf_views, kernel_tensors
 from grpo_trainer.sync.vllm_shared import VllmSharedSync
 
 PADDED_VOCAB = 64
@@ -55,6 +55,35 @@ def test_hf_views_cover_every_parameter_without_copying(tmp_path: Path) -> None:
     v_view = views[next(n for n in views if "v_proj.weight" in n)]
     v_view.fill_(7.0)
     assert (qkv[-v_view.shape[0] :] == 7.0).all(), "a write to the view must reach vLLM's tensor"
+
+
+def test_kernel_tensors_build_vllms_layout_from_hf_parameters(tmp_path: Path) -> None:
+    model = load_model(build_tiny_model(tmp_path / "m", seed=3))
+    expected = vllm_layout(model)
+    layout = [(name, list(t.shape), "bfloat16") for name, t in reversed(expected.items())]
+    built = dict(kernel_tensors(iter(model.named_parameters()), layout))
+    assert list(built) == [name for name, _, _ in layout], "sent in the order vLLM was told"
+    for name, tensor in expected.items():
+        assert built[name].dtype == torch.bfloat16
+        assert torch.equal(built[name], tensor.to(torch.bfloat16)), name
+    views = hf_views({n: t.float() for n, t in built.items()}, model.config)
+    for name, param in model.named_parameters():
+        assert torch.equal(views[name], param.detach().to(torch.bfloat16).float()), name
+
+
+def test_kernel_tensors_refuse_a_missing_extra_or_misshapen_parameter(tmp_path: Path) -> None:
+    model = load_model(build_tiny_model(tmp_path / "m", seed=3))
+    layout = [(name, list(t.shape), "float32") for name, t in vllm_layout(model).items()]
+    params = list(model.named_parameters())
+    no_v = [(n, p) for n, p in params if ".v_proj.weight" not in n]
+    with pytest.raises(ValueError, match=r"no trainer parameter .*v_proj"):
+        list(kernel_tensors(iter(no_v), layout))
+    extra = [*params, ("model.layers.9.mlp.down_proj.weight", params[-1][1])]
+    with pytest.raises(ValueError, match=r"no tensor for the trainer's model\.layers\.9"):
+        list(kernel_tensors(iter(extra), layout))
+    narrow = [(n, [s[0], s[1] + 1] if "o_proj.weight" in n else s, d) for n, s, d in layout]
+    with pytest.raises(ValueError, match=r"o_proj\.weight: the trainer builds"):
+        list(kernel_tensors(iter(params), narrow))
 
 
 def test_a_sync_against_a_dead_server_raises_with_the_reason(tmp_path: Path) -> None:
