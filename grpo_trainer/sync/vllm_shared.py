@@ -11,15 +11,21 @@ sync ``/start_weight_update``, ``/update_weights`` while the trainer broadcasts 
 worker holds whole tensors (TP 1), the trainer sends them in vLLM's own layout (fused
 ``qkv_proj``/``gate_up_proj``, padded vocabulary; ``vllm_names.kernel_tensors``) and vLLM
 copies each straight into its parameter; otherwise in checkpoint format, which vLLM's
-weight loaders shard and fuse (a layer-by-layer reload, several times slower).
+weight loaders shard and fuse (a layer-by-layer reload, several times slower). The receive
+runs through the worker extension (``grpo_update_weights``: vLLM's own receive under
+``no_grad``), and the direct copy is tried once on one small tensor before it is trusted:
+one broadcast cannot leave the trainer blocked if vLLM's side fails.
 Needs ``VLLM_SERVER_DEV_MODE=1`` and the worker extension: ``inference_command`` sets both.
 Tensor parallel size 1 for the zero-copy path.
 """
 
 from __future__ import annotations
 
+import json
+import math
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -32,7 +38,7 @@ from grpo_trainer.sync.base import SyncResult
 from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.cuda_ipc import map_server_weights, same_gpu, share_parameters
 from grpo_trainer.sync.shared import PausedUpdateSync
-from grpo_trainer.sync.vllm_names import kernel_tensors
+from grpo_trainer.sync.vllm_names import hf_parts, kernel_tensors
 
 TRANSFER_ADDRESS_ENV = "GRPO_WEIGHT_TRANSFER_ADDRESS"
 """Address vLLM's workers reach the trainer at for the NCCL group (the trainer is its rank
@@ -102,7 +108,40 @@ class VllmSharedSync(PausedUpdateSync):
                 pass
         except ValueError:
             return None
-        return layout
+        return layout if self._direct_copy_works(layout, next(model.parameters()).device) else None
+
+    def _direct_copy_works(
+        self, layout: list[tuple[str, list[int], str]], device: torch.device
+    ) -> bool:
+        """Send vLLM's smallest unfused parameter back to it, in its own layout, once.
+
+        The values come from vLLM itself, so the probe changes nothing it serves. A failure
+        is printed to the trainer's log and the run sends in checkpoint format instead.
+        """
+        name, shape, dtype = min(
+            (entry for entry in layout if hf_parts(entry[0]) == [entry[0]]),
+            key=lambda entry: math.prod(entry[1]),
+        )
+        answer = self.client.post(
+            "/collective_rpc", json={"method": "grpo_parameter_values", "args": [name]}
+        )
+        values = torch.tensor(answer.json()["results"][0], dtype=getattr(torch, dtype))
+        chosen, self._layout = self._layout, [(name, shape, dtype)]
+        try:
+            self.begin_transfer(self._layout)
+            self.send(iter([(name, values.to(device).reshape(shape))]))
+            self.end_transfer()
+            return True
+        except Exception as exc:  # any failure of vLLM's side means: do not use this path
+            print(
+                f"warning: vLLM's direct-copy weight update failed ({exc}); "
+                "sending weights in checkpoint format",
+                file=sys.stderr,
+                flush=True,
+            )
+            return False
+        finally:
+            self._layout = chosen
 
     def _init_nccl(self, device: torch.device) -> None:
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
@@ -187,7 +226,10 @@ class VllmSharedSync(PausedUpdateSync):
 
         def server_side() -> None:
             try:
-                self.client.post("/update_weights", json={"update_info": update_info})
+                self.client.post(
+                    "/collective_rpc",
+                    json={"method": "grpo_update_weights", "args": [json.dumps(update_info)]},
+                )
             except BaseException as error:
                 self._failure.append(error)
 

@@ -1,15 +1,19 @@
 """The vLLM worker extension (``--worker-extension-cls``) for ``shared_vllm`` on one GPU.
 
 vLLM mixes this class into each GPU worker; ``POST /collective_rpc {"method": ...}`` calls
-its methods there, where ``self.model_runner.model`` is the live model. It only reads:
-it exports CUDA IPC handles of the parameters so that the trainer, on the same GPU, can
-map them and update them in place, and it lists the parameters' layout so that a trainer
-on other GPUs can send them in vLLM's own (kernel) format. No vLLM import, no patching.
+its methods there, where ``self.model_runner.model`` is the live model. It exports CUDA
+IPC handles of the parameters so that the trainer, on the same GPU, can map them and update
+them in place; for a trainer on other GPUs it lists the parameters' layout (to send them in
+vLLM's own, kernel, format), reads one parameter back, and runs vLLM's own NCCL receive
+under ``no_grad``. No vLLM import, no patching.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
+
+import torch
 
 from grpo_trainer.serve.cuda_ipc import device_uuid, export_weights
 
@@ -33,3 +37,18 @@ class SharedWeightsExtension:
             [name, list(param.shape), str(param.dtype).removeprefix("torch.")]
             for name, param in self.model_runner.model.named_parameters()
         ]
+
+    def grpo_parameter_values(self, name: str) -> list[Any]:
+        """One parameter's values (a small one: the trainer probes the direct copy with it)."""
+        return self.model_runner.model.get_parameter(name).detach().float().cpu().tolist()
+
+    def grpo_update_weights(self, update_info: str) -> None:
+        """vLLM's own ``update_weights`` (the NCCL receive), run under ``no_grad``.
+
+        vLLM 0.24's kernel-format receiver copies into parameters with grad enabled, which
+        fails on a Qwen2 model ("a leaf Variable that requires grad is being used in an
+        in-place operation", H200, 2026-11-24). ``update_info`` is JSON: the RPC route
+        passes strings only.
+        """
+        with torch.no_grad():
+            self.update_weights(json.loads(update_info))  # type: ignore[attr-defined]

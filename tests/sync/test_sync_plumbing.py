@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from grpo_trainer.sync.registry import make_strategy
 from grpo_trainer.sync.shared import SharedFileSync
 from grpo_trainer.sync.vllm_names import hf_views, kernel_tensors
 from grpo_trainer.sync.vllm_shared import VllmSharedSync
+from grpo_trainer.sync.vllm_worker import SharedWeightsExtension
 
 PADDED_VOCAB = 64
 
@@ -123,3 +125,30 @@ def test_lora_modes_refuse_a_full_model(tmp_path: Path) -> None:
     strategy = HotSwapSync(SyncContext("http://127.0.0.1:1", "policy", tmp_path, "builtin"))
     with pytest.raises(SyncError, match="peft"):
         strategy.attach(model)
+
+
+class _Worker(SharedWeightsExtension):
+    """A vLLM GPU worker as the extension sees it: the live model, and vLLM 0.24's direct
+    copy (``gpu_worker.update_weights`` with ``is_checkpoint_format=False``) as written there:
+    ``param.copy_`` with grad enabled, into parameters that require grad."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model_runner = type("Runner", (), {"model": model})()
+
+    def update_weights(self, update_info: dict) -> None:
+        model = self.model_runner.model
+        for name, values in zip(update_info["names"], update_info["values"], strict=True):
+            model.get_parameter(name).copy_(torch.tensor(values))
+
+
+def test_worker_runs_vllms_direct_copy_under_no_grad(tmp_path: Path) -> None:
+    model = load_model(build_tiny_model(tmp_path / "m", seed=3))
+    worker = _Worker(model)
+    name = "model.norm.weight"
+    values = worker.grpo_parameter_values(name)
+    assert values == model.get_parameter(name).detach().tolist()
+    info = {"names": [name], "values": [[v + 1.0 for v in values]]}
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        worker.update_weights(info)  # vLLM's own call: the failure seen on the H200
+    worker.grpo_update_weights(json.dumps(info))
+    assert model.get_parameter(name).detach().tolist() == info["values"][0]
