@@ -8,6 +8,7 @@ that tests and the offline quickstart run the same loading code as a hub model w
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 from pathlib import Path
 
@@ -60,15 +61,42 @@ def _byte_level_symbols() -> dict[int, str]:
     return table
 
 
-def build_tiny_tokenizer(alphabet: str = DEFAULT_ALPHABET) -> PreTrainedTokenizerFast:
+def filler_tokens(count: int, alphabet: str = DEFAULT_ALPHABET) -> list[str]:
+    """``count`` distinct multi-character tokens over the letters and digits of ``alphabet``.
+
+    No merge produces them, so encoding never yields one; decoding one gives its text. They
+    pad a tiny vocabulary to a real model's size (Qwen2.5: 151,936) so that every token a
+    randomly initialised model samples decodes to text.
+    """
+    letters = sorted({c for c in alphabet if c.isalnum()})
+    out: list[str] = []
+    width = 2
+    while len(out) < count:
+        for combo in itertools.product(letters, repeat=width):
+            out.append("".join(combo))
+            if len(out) == count:
+                break
+        width += 1
+    return out
+
+
+def build_tiny_tokenizer(
+    alphabet: str = DEFAULT_ALPHABET, vocab_size: int | None = None
+) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer with no merges: one token per character of ``alphabet``.
 
     It uses Qwen2's own pre-tokenizer and byte-level scheme, so it tokenizes the same
     whichever class loads it (transformers rebuilds Qwen2 tokenizers from vocab and merges).
+    ``vocab_size`` pads the vocabulary with :func:`filler_tokens` up to that size.
     """
     symbols = _byte_level_symbols()
     chars = [symbols[b] for b in dict.fromkeys(alphabet.encode())]
-    vocab = {token: i for i, token in enumerate([*SPECIAL_TOKENS, *chars])}
+    tokens = [*SPECIAL_TOKENS, *chars]
+    if vocab_size is not None:
+        if vocab_size < len(tokens):
+            raise ValueError(f"vocab_size {vocab_size} is below the {len(tokens)} base tokens")
+        tokens += filler_tokens(vocab_size - len(tokens), alphabet)
+    vocab = {token: i for i, token in enumerate(tokens)}
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK_TOKEN))
     core.normalizer = normalizers.NFC()
     core.pre_tokenizer = pre_tokenizers.Sequence(

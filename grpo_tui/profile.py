@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails
 
 from grpo_trainer.serve.settings import Mode
@@ -54,6 +54,37 @@ class ProfileError(Exception):
         super().__init__("\n".join(str(p) for p in self.problems))
 
 
+class TinyShape(BaseModel):
+    """``[run.tiny]``: the shape of the model built with ``model = "tiny"`` (the builder's
+    flags, ``python -m grpo_trainer.models build``). vLLM's attention kernels want
+    ``hidden_size / num_heads`` of 64 or more (profiles/quickstart-gpu.toml)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden_size: int = Field(64, ge=8)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    intermediate_size: int = Field(128, ge=8)
+    final_norm_weight: float = Field(6.0, gt=0)
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> TinyShape:
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not a multiple of num_heads")
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(f"num_heads {self.num_heads} is not a multiple of num_kv_heads")
+        return self
+
+    def flags(self) -> list[str]:
+        """The builder's flags for the keys the profile set (none for the default shape)."""
+        return [
+            part
+            for key, value in self.model_dump(exclude_defaults=True).items()
+            for part in (f"--{key.replace('_', '-')}", str(value))
+        ]
+
+
 class RunSettings(BaseModel):
     """The ``[run]`` table: what this run is called, which mode and model it uses."""
 
@@ -62,9 +93,16 @@ class RunSettings(BaseModel):
     name: str = Field("grpo", pattern=r"^[A-Za-z0-9_.-]+$")
     mode: Mode = "none"
     model: str = Field("tiny", min_length=1)
+    tiny: TinyShape = Field(default_factory=TinyShape, description='shape for model = "tiny"')
     output_dir: str = "runs"
     exit_with: str | None = None
     seed: int = 0
+
+    @model_validator(mode="after")
+    def _tiny_only_for_tiny(self) -> RunSettings:
+        if "tiny" in self.model_fields_set and self.model != "tiny":
+            raise ValueError(f'tiny shapes the model = "tiny" only, not {self.model!r}')
+        return self
 
     @property
     def tiny_model(self) -> bool:

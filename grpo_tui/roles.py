@@ -604,7 +604,7 @@ class RoleLayer:
         return ProcessSpec(
             name="model",
             role="model",
-            command=[*build, "--seed", str(self.seed)],
+            command=[*build, "--seed", str(self.seed), *self.profile.run.tiny.flags()],
             shutdown=Shutdown(timeout=10),
         )
 

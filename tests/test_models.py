@@ -55,3 +55,21 @@ def test_final_norm_weight_scales_the_logits_and_nothing_else(tmp_path: Path) ->
     ids = torch.tensor([load_tokenizer(tmp_path / "six")("repeat 7: 777").input_ids])
     with torch.no_grad():
         torch.testing.assert_close(default(ids).logits, 6.0 * qwen_init(ids).logits)
+
+
+def test_padded_vocabulary_decodes_every_id_and_encodes_as_before(tmp_path: Path) -> None:
+    from grpo_trainer.envs.tokenizer import FastTokenizer
+    from grpo_trainer.models import build_tiny_tokenizer
+
+    size = 5000
+    build_tiny_tokenizer(vocab_size=size).save_pretrained(tmp_path / "t")
+    plain = build_tiny_tokenizer()
+    for loaded in (
+        AutoTokenizer.from_pretrained(tmp_path / "t"),
+        FastTokenizer.from_dir(tmp_path / "t"),
+    ):
+        text = "repeat 7: 777777 ab"
+        assert loaded.encode(text) == plain.encode(text)  # fillers never come out of encode
+        tail = loaded.decode(list(range(size - 50, size)))
+        assert len(tail) >= 100 and tail.isalnum()  # every filler decodes to its text
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "t")) == size
