@@ -333,8 +333,9 @@ def edit(
     print(f"edited {applied} -> {', '.join(result['processes'])} (from their next step)")
 
 
-@app.command()
+@app.command(context_settings={"allow_extra_args": True})
 def sweep(
+    ctx: typer.Context,
     profile: Annotated[Path, typer.Argument(help="Profile TOML every cell starts from.")],
     sets: SetOption,
     zipped: Annotated[
@@ -354,12 +355,17 @@ def sweep(
     ] = False,
     threshold: ThresholdOption = 0.8,
 ) -> None:
-    """Run a grid of profile variants, N at a time; started again, it runs only unfinished cells."""
+    """Run a grid of profile variants, N at a time; started again, it runs only unfinished cells.
+
+    With [cluster] engine = "slurm" each cell is one batch job; options after `--` go to
+    sbatch (`-- --time=30 --partition=gpu`).
+    """
     import os
 
     from grpo_tui.sweep.grid import check_cells, expand, parse_set
     from grpo_tui.sweep.resources import gpu_pool, gpus_needed, parallel_limit
     from grpo_tui.sweep.runner import SweepRunner, run_sweep
+    from grpo_tui.sweep.slurm_jobs import SlurmJobs
     from grpo_tui.sweep.store import SweepDir, SweepDirError
 
     try:
@@ -367,13 +373,23 @@ def sweep(
         axes = [parse_set(option) for option in sets]
         cells = expand(axes, zipped=zipped)
         check_cells(loaded, cells)
+        on_slurm = build_plan(loaded).roles.cluster.slurm
+        if ctx.args and not on_slurm:
+            raise ProfileError(
+                [
+                    loaded.problem(
+                        ("cluster", "engine"),
+                        f'sbatch options ({shlex.join(ctx.args)}) need engine = "slurm"',
+                    )
+                ]
+            )
     except ProfileError as error:
         raise _fail(error) from None
     except ValueError as error:
         _err().print(f"[bold red]error[/] {escape(str(error))}")
         raise typer.Exit(EXIT_BAD_INPUT) from None
-    pool = gpu_pool(gpus, os.environ)
-    per_cell = gpus_needed(loaded.data)
+    pool = [] if on_slurm else gpu_pool(gpus, os.environ)  # Slurm gives each job its GPUs
+    per_cell = 0 if on_slurm else gpus_needed(loaded.data)
     if per_cell and not pool and parallel > 1:
         _err().print(
             f"[bold red]error[/] the profile uses {per_cell} GPU(s) per cell: give --gpus "
@@ -397,9 +413,16 @@ def sweep(
         console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(line)}")
 
     runner = SweepRunner(
-        store, record, loaded, parallel=limit, gpus=pool if per_cell else [], log=log
+        store,
+        record,
+        loaded,
+        parallel=limit,
+        gpus=pool if per_cell else [],
+        log=log,
+        slurm=SlurmJobs(ctx.args) if on_slurm else None,
     )
-    log(f"sweep {store.path}: {len(cells)} cells, up to {limit} at once")
+    how = "Slurm jobs" if on_slurm else "cells"
+    log(f"sweep {store.path}: {len(cells)} cells, up to {limit} {how} at once")
     if headless:
         code = run_sweep(runner)
         log(f"sweep {'finished' if code == 0 else 'ended'} (exit {code}); grpo-tui view {where}")

@@ -28,6 +28,8 @@ STATE_STYLES = {
     "done": "green",
     "running": "cyan",
     "queued": "dim",
+    "pending": "dim",
+    "detached": "magenta",
     "failed": "bold red",
     "interrupted": "yellow",
 }
@@ -146,6 +148,7 @@ class SweepScreen(Screen[None]):
         table.clear()
         for summary in self.sorted_summaries():
             style = STATE_STYLES.get(str(summary.state), "")
+            job = f" [dim]job {summary.job}[/]" if summary.job else ""
             step = _number(summary.step, "{:d}")
             if summary.total_steps:
                 step += f"/{summary.total_steps}"
@@ -155,7 +158,7 @@ class SweepScreen(Screen[None]):
             table.add_row(
                 f"[{self.cell_colors[summary.id]}]{summary.id}[/]",
                 *[str(summary.overrides.get(key, "")) for key in self.keys],
-                f"[{style}]{summary.state}[/]",
+                f"[{style}]{summary.state}[/]{job}",
                 step,
                 _number(summary.reward, "{:.3f}"),
                 _number(summary.eval_value, "{:.3f}"),

@@ -1,11 +1,12 @@
 """Ports and GPUs for cells that run at the same time, handed out so that no two clash.
 
 Ports: every port a profile configures (``api.port``, ``inference.port``,
-``process.<name>.port``) is moved up to the first port that no running cell holds and no
-other process listens on. GPUs: a profile that names GPUs (``[inference]`` / ``[trainer]``
-``gpus = [...]`` or ``device = "cuda:N"``) needs as many as it names; a cell gets that many
-from the pool, its ``gpus`` lists mapped onto them and ``CUDA_VISIBLE_DEVICES`` set to them
-(so ``cuda:N`` devices index into its share).
+``process.<name>.port``; on Slurm ``cluster.control_port`` and ``cluster.rdzv_port`` too,
+since two cells' jobs may share a node) is moved up to the first port that no running
+cell holds and no other process listens on. GPUs: a profile that names GPUs
+(``[inference]`` / ``[trainer]`` ``gpus = [...]`` or ``device = "cuda:N"``) needs as many
+as it names; a cell gets that many from the pool, its ``gpus`` lists mapped onto them and
+``CUDA_VISIBLE_DEVICES`` set to them (so ``cuda:N`` devices index into its share).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from typing import Any
 
 from grpo_trainer.api.settings import ApiSettings
 from grpo_trainer.serve.settings import InferenceSettings
+from grpo_tui.cluster import ClusterSettings
 from grpo_tui.supervisor.ports import find_port_holder
 
 _CUDA = re.compile(r"^cuda(?::(\d+))?$")
@@ -34,6 +36,12 @@ def port_keys(data: Mapping[str, Any]) -> dict[str, int]:
     for name, table in (data.get("process") or {}).items():
         if isinstance(table, dict) and isinstance(table.get("port"), int):
             ports[f"process.{name}.port"] = table["port"]
+    cluster = data.get("cluster") or {}
+    if cluster.get("engine") == "slurm":
+        for key in ("control_port", "rdzv_port"):
+            ports[f"cluster.{key}"] = int(
+                cluster.get(key, ClusterSettings.model_fields[key].default)
+            )
     return ports
 
 

@@ -46,6 +46,8 @@ class Summary:
     threshold_step: int | None
     started_at: float | None
     elapsed_s: float | None
+    job: str | None = None
+    """The Slurm job id of a cell run as a batch job."""
 
 
 class RunResults:
@@ -136,7 +138,8 @@ class RunResults:
     def summary(
         self, id: str, overrides: dict[str, Any], status: CellStatus | None, now: float
     ) -> Summary:
-        started = status.started_at if status is not None else self.first_t
+        started = status.started_at if status is not None else None
+        started = started or self.first_t  # a Slurm job seen only once it had ended
         ended = status.ended_at if status is not None else self.last_t
         if status is not None and status.state == "interrupted":
             ended = self.last_t
@@ -163,6 +166,7 @@ class RunResults:
             threshold_step=threshold_step,
             started_at=started,
             elapsed_s=elapsed,
+            job=status.job if status is not None else None,
         )
 
 

@@ -10,7 +10,9 @@ Layout::
     SWEEP/attempts/<cell>-<n>/    run directories of attempts that did not finish
 
 A cell is done once a ``cell_end`` with exit code 0 is journaled; a restarted sweep runs
-every other cell again. Nothing here imports textual or torch.
+every other cell again. On Slurm a cell is a batch job: ``cell_submit`` (its job id) comes
+before ``cell_start`` (the job runs), and a job left behind by a sweep that died is
+``detached`` until the next sweep watches it again. Nothing here imports textual or torch.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from grpo_tui.sweep.grid import Axis, Cell
 SWEEP_FILE = "sweep.json"
 JOURNAL_FILE = "journal.jsonl"
 
-CellState = Literal["queued", "running", "done", "failed", "interrupted"]
+CellState = Literal["queued", "pending", "running", "done", "failed", "interrupted", "detached"]
+"""``pending``: a Slurm job in the queue; ``detached``: a Slurm job no live sweep watches."""
 
 
 class AxisRecord(BaseModel):
@@ -84,6 +87,8 @@ class CellStatus:
     exit_code: int | None = None
     ports: dict[str, int] = field(default_factory=dict)
     gpus: list[str] = field(default_factory=list)
+    job: str | None = None
+    """The Slurm job id of the last attempt (None for a local cell)."""
 
 
 def file_sha256(path: Path) -> str:
@@ -178,24 +183,34 @@ class SweepDir:
             kind = entry.get("event")
             if kind == "sweep_start":
                 alive = _process_alive(entry.get("pid"), entry.get("create_time"))
-                for earlier in out.values():
-                    if earlier.state == "running":  # the sweep before this one died
+                for earlier in out.values():  # the sweep before this one died
+                    if earlier.state == "running" and earlier.job is None:
                         earlier.state = "interrupted"
-            elif status is not None and kind == "cell_start":
-                status.state = "running"
+            elif status is not None and kind in ("cell_start", "cell_submit"):
+                if kind == "cell_start" and entry.get("job"):  # the submitted job runs
+                    status.state = "running"
+                    status.started_at = float(entry["t"])
+                    continue
+                status.state = "pending" if kind == "cell_submit" else "running"
                 status.attempts += 1
-                status.started_at = float(entry["t"])
+                status.started_at = float(entry["t"]) if kind == "cell_start" else None
                 status.ended_at = status.exit_code = None
                 status.ports = dict(entry.get("ports") or {})
                 status.gpus = list(entry.get("gpus") or [])
+                status.job = entry.get("job")
             elif status is not None and kind == "cell_end":
                 status.exit_code = int(entry.get("exit_code", -1))
                 status.ended_at = float(entry["t"])
                 status.state = "done" if status.exit_code == 0 else "failed"
+                slurm_state = entry.get("slurm_state")
+                if slurm_state == "CANCELLED":
+                    status.state = "interrupted"
+                elif slurm_state is not None and slurm_state != "COMPLETED":
+                    status.state = "failed"
         if not alive:
             for status in out.values():
-                if status.state == "running":
-                    status.state = "interrupted"
+                if status.state in ("pending", "running"):
+                    status.state = "detached" if status.job else "interrupted"
         return out
 
 

@@ -10,7 +10,13 @@ import pytest
 
 from grpo_tui.profile import ProfileError, load_profile
 from grpo_tui.sweep.grid import apply_overrides, check_cells, expand, parse_set
-from grpo_tui.sweep.resources import Resources, gpus_needed, leased_profile, parallel_limit
+from grpo_tui.sweep.resources import (
+    Resources,
+    gpus_needed,
+    leased_profile,
+    parallel_limit,
+    port_keys,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "profiles" / "quickstart.toml"
@@ -129,4 +135,37 @@ def test_cli_names_the_bad_key_and_starts_nothing(tmp_path: Path) -> None:
     )
     assert out.returncode == 2
     assert "--set trainer.betta=0: trainer.betta: unknown key (did you mean 'beta'?)" in out.stderr
+    assert not (tmp_path / "sweep").exists()
+
+
+def test_slurm_cells_lease_their_cluster_ports_too() -> None:
+    data = {"cluster": {"engine": "slurm", "control_port": 29501}, "api": {"port": 8100}}
+    assert port_keys(data) == {
+        "api.port": 8100,
+        "cluster.control_port": 29501,
+        "cluster.rdzv_port": 29400,
+    }
+    assert "cluster.control_port" not in port_keys({"cluster": {"control_port": 29501}})
+    pool = Resources()
+    first, second = pool.lease(data, 0), pool.lease(data, 0)
+    assert not set(first.ports.values()) & set(second.ports.values())
+
+
+def test_sbatch_options_on_a_local_profile_are_refused(tmp_path: Path) -> None:
+    import subprocess
+
+    out = subprocess.run(
+        [
+            *(sys.executable, "-m", "grpo_tui", "sweep", str(QUICKSTART), "--headless"),
+            *("--set", "trainer.lr=1e-4,3e-4", "--dir", str(tmp_path / "sweep")),
+            *("--", "--time=10"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
+    assert out.returncode == 2
+    assert 'sbatch options (--time=10) need engine = "slurm"' in out.stderr
+    assert "cluster.engine" in out.stderr
     assert not (tmp_path / "sweep").exists()
