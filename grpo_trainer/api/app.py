@@ -374,6 +374,9 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
             queued = sum(p.size for p in pending)
             own = sum(p.size for p in pending if p.env_id == env_id)
             queued_batches = queued / batch_size if batch_size else 0.0
+            bound = settings.max_batches_offpolicy
+            leased = store.leased_batches()
+            full = queued_batches >= bound if bound else (queued_batches >= 1 or leased > 0)
             return {
                 "current_step": store.current_step(),
                 "queue_size": queued // env.group_size,
@@ -382,8 +385,9 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
                 "max_group_size": max((p.size for p in pending), default=1),
                 "env_weight": max(0.01, share),
                 "queued_batches": queued_batches,
-                "max_batches_offpolicy": settings.max_batches_offpolicy,
-                "pause": queued_batches >= settings.max_batches_offpolicy,
+                "max_batches_offpolicy": bound,
+                "leased_batches": leased,
+                "pause": full,
             }
 
         deadline = time.monotonic() + wait

@@ -47,7 +47,14 @@ class ApiSettings(BaseModel):
     port: int = Field(8000, ge=1, le=65535)
     db: Path | None = None
     token: SecretStr | None = None
-    max_batches_offpolicy: int = Field(3, ge=1)
+    max_batches_offpolicy: int = Field(
+        3,
+        ge=0,
+        description=(
+            "environments pause while the queue holds this many batches; 0 = synchronous: "
+            "they also pause while the trainer holds a leased batch, until it acknowledges it"
+        ),
+    )
     max_body_bytes: int = Field(64 * 1024 * 1024, ge=1024)
     max_group_size: int = Field(256, ge=1)
     max_lease_seconds: float = Field(3600.0, gt=0)

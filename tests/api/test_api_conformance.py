@@ -168,6 +168,7 @@ def test_status_env_fields_and_offpolicy_pause(api: httpx.Client) -> None:
         "env_weight": 0.5,
         "queued_batches": 3.0,
         "max_batches_offpolicy": 3,
+        "leased_batches": 0,
         "pause": True,
     }
     api.get("/batch")

@@ -27,3 +27,22 @@ def test_max_batches_offpolicy_edit_pauses_environments_sooner(
         record_edit(run_dir, {"max_batches_offpolicy": 1})
         status = client.get("/status-env", params={"env_id": ids["toy"]}).json()
         assert status["max_batches_offpolicy"] == 1 and status["pause"] is True
+
+
+def test_zero_bound_is_synchronous_environments_wait_for_the_ack(start_api) -> None:
+    server = start_api("--max-batches-offpolicy", "0")
+    with server.client() as client:
+        ids = start_run(client, batch_size=8)
+
+        def pause() -> bool:
+            return client.get("/status-env", params={"env_id": ids["toy"]}).json()["pause"]
+
+        client.post("/scored_data_list", json=[group(1, env_id=ids["toy"])])
+        assert pause() is False  # half a batch: keep producing
+        client.post("/scored_data_list", json=[group(2, env_id=ids["toy"])])
+        assert pause() is True  # one whole batch queued
+        leased = client.get("/batch", params={"lease": 60}).json()
+        assert leased["batch_id"] and client.get("/status").json()["queue_size"] == 0
+        assert pause() is True  # queue empty, but the trainer still trains on the batch
+        client.post("/batch/ack", json={"batch_id": leased["batch_id"]})
+        assert pause() is False  # acknowledged: the next batch is generated on new weights
