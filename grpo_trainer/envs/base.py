@@ -385,6 +385,7 @@ class EnvRunner:
             max_tokens=self.max_tokens,
             temperature=self.settings.temperature,
             top_p=self.settings.top_p,
+            ignore_eos=self.settings.ignore_eos,
         )
 
     def _take_edits(self) -> None:

@@ -68,6 +68,7 @@ class SamplingRequest:
     max_tokens: int
     temperature: float
     top_p: float = 1.0
+    ignore_eos: bool = False
 
 
 async def complete(
@@ -84,6 +85,8 @@ async def complete(
         "logprobs": 0,
         "return_token_ids": True,
     }
+    if request.ignore_eos:  # sent only when set: a plain completion request stays Atropos'
+        body["ignore_eos"] = True
     try:
         response = await client.post("/v1/completions", json=body)
     except httpx.TransportError as exc:

@@ -30,6 +30,9 @@ class EnvSettings(BaseModel):
     max_concurrency: int = Field(4, ge=1, description="groups generated at the same time")
     seed: int = 0
     max_tokens: int | None = Field(None, ge=1, description="completion cap; None = task's default")
+    ignore_eos: bool = Field(
+        False, description="sample max_tokens tokens past EOS: fixed-length work (benchmarks)"
+    )
     temperature: float = Field(1.0, gt=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_token_length: int = Field(2048, ge=8, description="registered max_token_length")
@@ -104,6 +107,8 @@ class EnvSettings(BaseModel):
             argv += ["--min-batch-allocation", repr(self.min_batch_allocation)]
         if self.max_tokens is not None:
             argv += ["--max-tokens", str(self.max_tokens)]
+        if self.ignore_eos:
+            argv += ["--ignore-eos", "true"]
         if self.data_file is not None:
             argv += ["--data-file", str(self.data_file)]
         if api_token:

@@ -96,6 +96,7 @@ def test_settings_command_round_trips_through_the_cli(tmp_path: Path) -> None:
         name="math",
         task="gsm8k", group_size=4, seed=9, max_tokens=300, temperature=0.8, eval_every=5,
         eval_k=4, data_file=data, weight=2.0, min_batch_allocation=0.25, max_concurrency=3,
+        ignore_eos=True,
     )  # fmt: skip
     argv = settings.command(
         api_url="http://127.0.0.1:8000", inference_url="http://127.0.0.1:9001",
