@@ -119,7 +119,10 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate(state["python"])
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # One state per GPU the writer saw. A rank of a multi-GPU trainer sees every GPU,
+        # a 1-rank resume of its checkpoint only its own: restore the GPUs present.
+        for index, cuda_state in enumerate(state["cuda"][: torch.cuda.device_count()]):
+            torch.cuda.set_rng_state(cuda_state, index)
 
 
 def save_checkpoint(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import time
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors.torch import load_file
 from train_helpers import (
     REPO,
@@ -22,6 +24,7 @@ from train_helpers import (
     write_groups,
 )
 
+from grpo_trainer.train.checkpoint import set_rng_state
 from grpo_trainer.train.resume import resolve_resume
 
 STEPS, KEPT = 6, 3
@@ -122,3 +125,18 @@ def test_kill_minus_nine_then_resume_auto_matches_straight_run(tmp_path: Path, s
     initial = load_file(model / "model.safetensors")
     moved = max(float((initial[k] - got[k]).abs().max()) for k in initial)
     assert moved > 1e-4, "training did not change the weights: the comparison proves nothing"
+
+
+def test_rng_of_a_multi_gpu_writer_restores_on_fewer_gpus(monkeypatch) -> None:
+    """A rank of a 2-GPU trainer saved one CUDA RNG state per GPU it saw; resumed where one
+    GPU is visible, the state of that GPU is restored and the other is not asked for (the
+    2 -> 1 reshard failed on the H200 with ``IndexError`` in ``set_rng_state_all``).
+    CUDA is not on this machine: its three calls are stood in for; the real path ran there."""
+    restored: list[tuple[int, torch.Tensor]] = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, i: restored.append((i, s)))
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    state["cuda"] = [torch.tensor([1], dtype=torch.uint8), torch.tensor([2], dtype=torch.uint8)]
+    set_rng_state(state)
+    assert [(i, s.tolist()) for i, s in restored] == [(0, [1])]
