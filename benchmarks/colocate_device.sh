@@ -1,38 +1,102 @@
 #!/usr/bin/env bash
-# One H200 device call (kind nvidia-h200 or nvidia-h100-x1): benchmarks/colocate_gpu.py,
-# colocate vs shared_vllm on one GPU (largest batch that trains, step time, sleep + wake +
-# sync per step for the 0.5B / 1.5B / 3B shapes at random init). Cells are written to
-# $OUT/colocate_gpu.json as they finish, so a cut-short call still brings back numbers.
-#
-# Before (here, once): vLLM 0.24.0's --enable-sleep-mode imports flashinfer (pinned at
-# 0.6.12), which the vLLM bundle lacks; put it and its small dependencies in .whl/ (~26 MB):
-#   plat=(--platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
-#         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
-#   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
-#     --implementation cp "${plat[@]}" -d .whl flashinfer-python==0.6.12 einops ninja \
-#     tabulate nvidia-cudnn-frontend==1.32.0 cuda-tile==1.7.0
-# (flashinfer-cubin==0.6.12, its precompiled kernels, is 447 MB: 11 more parts; carry it
-# only if the log says flashinfer needs it.) Then the vLLM parts in /root/vv/part-* as for
-# every device script (docs/gpu.md, one part per call while the machine stays warm).
-# Call:   run(command="bash benchmarks/colocate_device.sh", carry=[".whl"], timeout_s=600)
-# Extra arguments for colocate_gpu.py go in COLOCATE_ARGS (e.g. "--steps 2 --batches 8,32").
+# One device call, GPU 0 only (kind nvidia-h200 or nvidia-h200-x2 with other work on GPU 1):
+# `colocate` on vLLM, in stages, each inside its own time cap (seconds, after the stage name),
+# the whole script inside COLOCATE_TOTAL (default 545 s).
+#   toy     benchmarks/gpu_modes.py --modes colocate: the toy task through `grpo-tui run`
+#           (supervisor, API, vLLM with sleep mode, trainer, environment), 40 steps, the
+#           reward first -> last, sync and phase times per step
+#   memory  benchmarks/colocate_gpu.py: colocate vs shared_vllm (no sleep) at Qwen2.5-1.5B's
+#           shape, the largest batch that trains and the step time (same
+#           gpu_memory_utilization 0.5, so vLLM's KV cache is half the card), then the
+#           per-step sleep + wake + load overhead at the 0.5B and 3B shapes while time is left
+# Every process is pinned to GPU 0 (CUDA_VISIBLE_DEVICES=0, the profiles' gpus = [0]) and
+# uses ports from 23100 (other benchmarks use 21000+), so work on GPU 1 in the same call is
+# not touched. Three files come back in $OUT: colocate_toy.md, colocate_gpu.md and
+# colocate_all.tar.gz (raw JSON, diagnostics, run logs, vLLM's logs, this script's log).
+# Before: the vLLM parts in /root/vv/part-* (carried one per call, see docs/gpu.md).
+# Call:   run(command="bash benchmarks/colocate_device.sh toy:240 memory", carry=[".whl"],
+#             kind="nvidia-h200", timeout_s=600)
+# flashinfer: vLLM 0.24's sleep mode was not seen to need it in its sources; if vLLM's log
+# says "No module named 'flashinfer'", the wheels in .whl/fi/ (not installed otherwise, so
+# vLLM's choices elsewhere do not change) are installed and the toy stage runs again.
+# COLOCATE_CPU=1: the same stages with the built-in server on CPU (tiny shapes): a check of
+# this script's plumbing here, no GPU numbers.
 set -uo pipefail
 OUT=${OUT:-/tmp/colocate_out}
 mkdir -p "$OUT"
-exec > >(tee -a "$OUT/colocate_device.log") 2>&1
-source benchmarks/gpu_setup.sh
-if ! python3 -c "import flashinfer" 2>/dev/null; then   # a warm machine may predate .whl
-  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-fi .whl/*.whl
-  export PYTHONPATH=$PYTHONPATH:/tmp/site-fi
+W=$(mktemp -d /tmp/colocate_device.XXXXXX)
+exec > >(tee -a "$W/colocate_device.log") 2>&1
+TOTAL=${COLOCATE_TOTAL:-545}
+CPU=${COLOCATE_CPU:-0}
+if [ "$CPU" = 1 ]; then
+  export PYTHONPATH=$PWD
+  TOY=(--backends builtin --device cpu --quick --dtype float32)
+  MEMORY=(--backend builtin --device cpu --dtype float32 --search-shape small --shapes small
+    --batches 1,2 --seq-len 64 --gen-n 2 --gen-tokens 8)
+else
+  # shellcheck source=benchmarks/gpu_setup.sh
+  source benchmarks/gpu_setup.sh
+  TOY=(--backends vllm --pin-gpu 0 --steps "${TOY_STEPS:-40}")
+  MEMORY=()
 fi
-python3 -c "import flashinfer; print('flashinfer', flashinfer.__version__)" \
-  || echo "colocate_device: flashinfer not importable: vLLM --enable-sleep-mode will not start"
-# shellcheck disable=SC2086
-timeout -k 10 "${COLOCATE_CAP:-$((560 - SECONDS))}" python3 benchmarks/colocate_gpu.py --out "$OUT" \
-  --work /tmp/colocate_gpu ${COLOCATE_ARGS:-}
-rc=$?
-echo "colocate_device: exit $rc after ${SECONDS}s"
-nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
-# server logs (vLLM's own lines: sleep freed X GiB, wake-up times) come back in one archive
-tar czf "$OUT/server_logs.tar.gz" -C /tmp/colocate_gpu --wildcards '*/server.log' 2>/dev/null
-exit $rc
+export CUDA_VISIBLE_DEVICES=0 PYTHONUNBUFFERED=1
+
+flashinfer_missing() {
+  grep -rqs "No module named 'flashinfer'" /tmp/colocate_toy
+}
+
+use_flashinfer() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site-fi .whl/fi/*.whl \
+    || return 1
+  export PYTHONPATH=$PYTHONPATH:/tmp/site-fi
+  python3 -c "import flashinfer; print('colocate_device: flashinfer', flashinfer.__version__)"
+}
+
+toy() {
+  rm -rf /tmp/colocate_toy "$W/toy"
+  timeout -k 10 "$1" python3 benchmarks/gpu_modes.py "${TOY[@]}" --modes colocate \
+    --orphan-backend off --parallel 1 --port-base 23100 --budget $(($1 - 20)) \
+    --out "$W/toy" --work /tmp/colocate_toy
+}
+
+status=0
+for item in "$@"; do
+  stage=${item%%:*}
+  cap=${item#*:}
+  left=$((TOTAL - SECONDS - 15))
+  [ "$cap" = "$item" ] && cap=$left
+  [ "$cap" -gt "$left" ] && cap=$left
+  if [ "$cap" -lt 60 ]; then echo "colocate_device: no time left for $stage"; status=1; continue; fi
+  echo "colocate_device: $stage with ${cap}s from $(date -u +%T)"
+  case "$stage" in
+    toy)
+      started=$SECONDS
+      toy "$cap"
+      rc=$?
+      left=$((cap - (SECONDS - started)))
+      if flashinfer_missing && [ "$CPU" != 1 ] && use_flashinfer && [ "$left" -ge 150 ]; then
+        echo "colocate_device: vLLM wanted flashinfer; toy again with ${left}s"
+        toy "$left"
+        rc=$?
+      fi ;;
+    memory)
+      flashinfer_missing && [ "$CPU" != 1 ] && ! python3 -c "import flashinfer" 2>/dev/null \
+        && use_flashinfer
+      timeout -k 10 "$cap" python3 benchmarks/colocate_gpu.py "${MEMORY[@]}" --out "$W" \
+        --work /tmp/colocate_gpu --budget $((cap - 15)) --cell-seconds 55
+      rc=$? ;;
+    *) echo "colocate_device: unknown stage $stage"; rc=2 ;;
+  esac
+  echo "colocate_device: $stage exit $rc after ${SECONDS}s"
+  [ "$rc" -ne 0 ] && status=$rc
+done
+[ "$CPU" = 1 ] || nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
+# Three files back in $OUT (at most 8 come back from a call, shared with other work).
+[ -f "$W/toy/gpu_modes.md" ] && cp "$W/toy/gpu_modes.md" "$OUT/colocate_toy.md"
+[ -f "$W/colocate_gpu.md" ] && cp "$W/colocate_gpu.md" "$OUT/colocate_gpu.md"
+mkdir -p "$W/server_logs"
+for log in /tmp/colocate_gpu/*/server.log; do
+  [ -f "$log" ] && tail -n 400 "$log" > "$W/server_logs/$(basename "$(dirname "$log")").log"
+done
+tar czf "$OUT/colocate_all.tar.gz" -C "$W" . && rm -rf "$W"
+exit $status

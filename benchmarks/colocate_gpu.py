@@ -2,14 +2,19 @@
 sleep + wake + sync overhead per step, for Qwen2.5 shapes at random init.
 
 Each (shape, mode) cell starts the real inference server with the role layer's own command
-(``inference_command``: vLLM with ``--enable-sleep-mode`` and ``ipc`` weight transfer for
+(``inference_command``: vLLM with ``--enable-sleep-mode`` and the worker extension for
 ``colocate``, the worker extension for ``shared_vllm``), attaches the real strategy
 (``make_strategy``) to a trainer model on the same GPU and runs real steps: generate (one
 ``/v1/completions`` request of ``--gen-n`` x ``--gen-tokens``), ``before_train_step``
 (``colocate``: sleep), forward/backward through the trainer's chunked logprobs on random
-tokens, ``optimizer.step`` (AdamW), ``sync`` (``colocate``: wake weights, IPC push, wake
-KV cache, ``/is_sleeping`` false). The batch search doubles the batch (``--batches``)
-until ``torch.OutOfMemoryError``; the other shapes run at the first batch only.
+tokens, ``optimizer.step`` (AdamW), ``sync`` (``colocate``: wake weights, CUDA IPC load,
+wake KV cache, ``/is_sleeping`` false).
+
+The batch search (``--search-shape``, both modes, same ``gpu_memory_utilization``) runs the
+batches of ``--batches`` in order, the whole batch in one forward/backward (no gradient
+accumulation: the batch is what must fit), until ``torch.OutOfMemoryError``. The other
+shapes (``--shapes``) run ``--overhead-modes`` at the first batch only, for the per-step
+sleep + wake + load overhead. Cells that cannot finish inside ``--budget`` are skipped.
 
 GPU (one H200, see benchmarks/colocate_device.sh)::
 
@@ -18,7 +23,8 @@ GPU (one H200, see benchmarks/colocate_device.sh)::
 CPU smoke of the harness (built-in server, no vLLM; no OOM to find)::
 
     python3 benchmarks/colocate_gpu.py --backend builtin --device cpu --shapes small \\
-        --search-shape small --batches 1,2 --seq-len 64 --steps 2 --out /tmp/colocate
+        --search-shape small --batches 1,2 --seq-len 64 --steps 2 --gen-n 2 \\
+        --gen-tokens 8 --out /tmp/colocate
 
 Writes ``colocate_gpu.json`` and ``colocate_gpu.md`` (tables side by side) to ``--out``.
 """
@@ -26,6 +32,7 @@ Writes ``colocate_gpu.json`` and ``colocate_gpu.md`` (tables side by side) to ``
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import socket
 import statistics
@@ -100,14 +107,16 @@ def one_step(model: Any, optimizer: Any, strategy: Any, batch: int, step: int, a
         times["free_in_train_gb"] = torch.cuda.mem_get_info(device)[0] / GB
     start = time.perf_counter()
     ids = torch.randint(1, 30000, (batch, args.seq_len), device=device)
-    for micro in ids.split(args.micro_batch):
+    for micro in ids.split(args.micro_batch or batch):
         out = chunked_token_logprobs(
             model, micro, torch.ones_like(micro), torch.ones(len(micro), device=device)
         )
         (-out.logprobs.mean() * len(micro) / batch).backward()
     strategy.before_optimizer_step()
-    optimizer.step()
-    strategy.after_optimizer_step()
+    try:  # an OOM in the step must not leave generation paused (shared_vllm)
+        optimizer.step()
+    finally:
+        strategy.after_optimizer_step()
     optimizer.zero_grad(set_to_none=True)
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -169,7 +178,13 @@ def run_cell(shape: str, mode: str, batches: list[int], args: argparse.Namespace
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6)
         step = 0
         for batch in batches:
+            if time.monotonic() > args.deadline:
+                cell["batches"][batch] = {"skipped": "out of time"}
+                break
             rows = []
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+            oom = None
             try:
                 for _ in range(args.steps):
                     step += 1
@@ -181,19 +196,35 @@ def run_cell(shape: str, mode: str, batches: list[int], args: argparse.Namespace
                         }
                     )
             except torch.OutOfMemoryError as error:
+                oom = str(error).splitlines()[0][:200]
+            except Exception as error:  # keep the batches measured so far
+                cell["batches"][batch] = {"error": repr(error)[:300]}
+                break
+            if oom is not None:  # outside the except: the failed step's tensors are gone
                 optimizer.zero_grad(set_to_none=True)
+                gc.collect()
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-                cell["batches"][batch] = {"oom": str(error).splitlines()[0][:200]}
-                strategy.sync(model, step)  # colocate: wake the engine before we stop
+                cell["batches"][batch] = {"oom": oom}
+                print(f"{shape} {mode} batch {batch}: out of memory", flush=True)
+                if strategy.sleeps:  # colocate: wake the engine before we stop
+                    try:
+                        strategy.sync(model, step)
+                    except Exception as error:
+                        cell["wake_after_oom"] = repr(error)[:300]
                 break
             medians = {k: statistics.median(r[k] for r in rows[1:] or rows) for k in rows[0]}
             medians["step_s"] = medians["train_s"] + medians["sleep_s"] + medians["sync_s"]
+            medians["with_generate_s"] = medians["step_s"] + medians["generate_s"]
             if device.type == "cuda":
                 medians["peak_gb"] = torch.cuda.max_memory_allocated(device) / GB
             cell["batches"][batch] = medians
             print(f"{shape} {mode} batch {batch}: {json.dumps(medians)}", flush=True)
-        cell["served_after"] = generate(server.base_url, settings.served_model_name, args) > 0
+        if "wake_after_oom" not in cell:
+            try:
+                cell["served_after"] = generate(server.base_url, settings.served_model_name, args)
+            except Exception as error:
+                cell["served_after"] = repr(error)[:300]
     finally:
         if strategy is not None:
             strategy.close()
@@ -202,57 +233,100 @@ def run_cell(shape: str, mode: str, batches: list[int], args: argparse.Namespace
 
 
 def largest(cell: dict) -> tuple[int | None, dict | None]:
-    fits = [(b, r) for b, r in cell["batches"].items() if "oom" not in r]
+    fits = [(b, r) for b, r in cell["batches"].items() if "step_s" in r]
     return max(fits, key=lambda item: item[0]) if fits else (None, None)
 
 
+def _num(row: dict | None, key: str, spec: str = ".3f") -> str:
+    value = (row or {}).get(key)
+    return "-" if value is None else f"{value:{spec}}"
+
+
 def report(cells: list[dict], args: argparse.Namespace) -> str:
+    by = {(c["shape"], c["mode"]): c for c in cells}
+    micro = "whole batch" if not args.micro_batch else f"micro-batch {args.micro_batch}"
     lines = [
-        f"# colocate vs shared_vllm ({args.backend}, {args.device}, {args.dtype}, seq_len "
-        f"{args.seq_len}, gpu_memory_utilization {args.gpu_memory_utilization}, "
-        f"gradient checkpointing {args.gradient_checkpointing})",
+        f"# colocate vs shared_vllm on one GPU ({args.backend}, {args.device}, {args.dtype})",
+        "",
+        f"- {args.gpu_name}; seq_len {args.seq_len} per sample ({micro} per forward/backward), "
+        f"AdamW, gradient checkpointing {'on' if args.gradient_checkpointing else 'off'}; "
+        f"vLLM gpu_memory_utilization {args.gpu_memory_utilization} in both modes, "
+        f"--enforce-eager, random weights (--load-format dummy); generate = one request of "
+        f"{args.gen_n} x {args.gen_tokens} tokens",
+        "- step s = sleep + train + sync (what the trainer waits for); + generate = the same "
+        "plus the generation before it (in a real run `shared_vllm` overlaps generation "
+        "with training, `colocate` cannot); medians of steps 2.. at each batch",
         "",
         f"## Largest batch that trains ({args.search_shape})",
         "",
-        "| mode | largest batch | step s at it | step s at batch "
-        f"{args.batches[0]} | free GB while training | OOM at |",
-        "|---|---|---|---|---|---|",
+        "| mode | largest batch | OOM at | step s at it | peak GB (torch) | free GB while training "
+        "| step s / + generate at batch " + str(args.batches[0]) + " |",
+        "|---|---|---|---|---|---|---|",
     ]
-    by = {(c["shape"], c["mode"]): c for c in cells}
     for mode in MODES:
         cell = by.get((args.search_shape, mode))
         if cell is None:
             continue
+        if cell.get("error"):
+            lines.append(f"| {mode} | failed: {cell['error'][:160]} ||||||")
+            continue
         batch, row = largest(cell)
-        first = cell["batches"].get(args.batches[0], {})
-        oom = next((b for b, r in cell["batches"].items() if "oom" in r), "-")
+        first = cell["batches"].get(args.batches[0])
+        oom = next((b for b, r in cell["batches"].items() if "oom" in r), "none")
         lines.append(
-            f"| {mode} | {batch} | {row['step_s']:.3f} | {first.get('step_s', float('nan')):.3f} "
-            f"| {row.get('free_in_train_gb', float('nan')):.1f} | {oom} |"
-            if row
-            else f"| {mode} | none | - | - | - | {oom} |"
+            f"| {mode} | {batch} | {oom} | {_num(row, 'step_s')} | {_num(row, 'peak_gb', '.1f')} "
+            f"| {_num(row, 'free_in_train_gb', '.1f')} | {_num(first, 'step_s')} / "
+            f"{_num(first, 'with_generate_s')} |"
         )
+    co, sh = by.get((args.search_shape, "colocate")), by.get((args.search_shape, "shared_vllm"))
+    if co and sh and not co.get("error") and not sh.get("error"):
+        (cb, crow), (sb, srow) = largest(co), largest(sh)
+        if cb and sb:
+            same = sh["batches"].get(cb) or {}
+            lines += [
+                "",
+                f"colocate / shared_vllm largest batch: {cb} / {sb} = {cb / sb:.2f}x (goal "
+                ">= 1.5x, resolution of the batch list); step time at each one's largest "
+                f"batch {crow['step_s']:.3f} s / {srow['step_s']:.3f} s; per sample "
+                f"{crow['step_s'] / cb * 1000:.1f} ms / {srow['step_s'] / sb * 1000:.1f} ms "
+                f"({crow['step_s'] / cb / (srow['step_s'] / sb):.2f}x, goal <= 1.1x)"
+                + (f"; at batch {cb} shared_vllm: {same['oom'][:80]}" if "oom" in same else ""),
+            ]
     lines += [
         "",
-        f"## Per-step overhead at batch {args.batches[0]} (median of steps 2..{args.steps})",
+        f"## Per step at batch {args.batches[0]}: sleep + wake + load overhead",
         "",
-        "| shape | params | colocate sleep s | wake s | push s | sync total s | "
-        "shared_vllm sync s | step s colocate / shared_vllm |",
-        "|---|---|---|---|---|---|---|---|",
+        "| shape | params | mode | sleep s | wake s | load s | sync total s | train s | "
+        "step s | generate s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for shape in args.shapes:
-        co = by.get((shape, "colocate"), {}).get("batches", {}).get(args.batches[0])
-        sh = by.get((shape, "shared_vllm"), {}).get("batches", {}).get(args.batches[0])
-        if not co or not sh or "oom" in co or "oom" in sh:
-            lines.append(f"| {shape} | - | n/a (a cell failed or ran out of memory) |||||")
-            continue
-        params = by[(shape, "colocate")]["params"]
-        wake, push = co.get("sync_wake_s", float("nan")), co.get("sync_push_s", float("nan"))
-        lines.append(
-            f"| {shape} | {params / 1e9:.2f}e9 | {co['sleep_s']:.4f} | {wake:.4f} | {push:.4f} "
-            f"| {co['sync_s']:.4f} | {sh['sync_s']:.4f} | {co['step_s']:.3f} / {sh['step_s']:.3f} |"
-        )
+    for shape in dict.fromkeys([args.search_shape, *args.shapes]):
+        for mode in MODES:
+            cell = by.get((shape, mode))
+            if cell is None:
+                continue
+            row = cell["batches"].get(args.batches[0])
+            if cell.get("error") or not row or "step_s" not in row:
+                why = cell.get("error") or (row or {}).get("oom") or "not run"
+                lines.append(f"| {shape} | - | {mode} | n/a: {str(why)[:120]} |||||||")
+                continue
+            lines.append(
+                f"| {shape} | {cell['params'] / 1e9:.2f}e9 | {mode} "
+                f"| {_num(row, 'sleep_s', '.4f')} "
+                f"| {_num(row, 'sync_wake_s', '.4f')} | {_num(row, 'sync_push_s', '.4f')} "
+                f"| {_num(row, 'sync_s', '.4f')} | {_num(row, 'train_s')} | {_num(row, 'step_s')} "
+                f"| {_num(row, 'generate_s')} |"
+            )
     return "\n".join(lines) + "\n"
+
+
+def gpu_name(device: str) -> str:
+    import torch
+
+    if not device.startswith("cuda"):
+        return "cpu"
+    props = torch.cuda.get_device_properties(torch.device(device))
+    return f"{props.name}, {props.total_memory / GB:.0f} GB, torch {torch.__version__}"
 
 
 def main() -> None:
@@ -264,38 +338,58 @@ def main() -> None:
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument(
         "--shapes",
-        type=lambda s: s.split(","),
-        default=["qwen2.5-0.5b", "qwen2.5-1.5b", "qwen2.5-3b"],
+        type=lambda s: [x for x in s.split(",") if x],
+        default=["qwen2.5-0.5b", "qwen2.5-3b"],
+        help="overhead shapes (the search shape is reported too)",
     )
+    parser.add_argument("--overhead-modes", type=lambda s: s.split(","), default=["colocate"])
     parser.add_argument("--search-shape", default="qwen2.5-1.5b")
     parser.add_argument(
-        "--batches", type=lambda s: [int(x) for x in s.split(",")], default=[8, 16, 32, 64, 128]
+        "--batches",
+        type=lambda s: [int(x) for x in s.split(",")],
+        default=[4, 8, 12, 16, 24, 32, 48, 64, 96, 128],
     )
-    parser.add_argument("--micro-batch", type=int, default=8)
+    parser.add_argument("--micro-batch", type=int, default=0, help="0 = the whole batch")
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--gen-n", type=int, default=16)
     parser.add_argument("--gen-tokens", type=int, default=128)
-    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=2, help="steps per batch")
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument(
-        "--no-gradient-checkpointing", dest="gradient_checkpointing", action="store_false"
+        "--gradient-checkpointing", action=argparse.BooleanOptionalAction, default=False
     )
     parser.add_argument("--start-timeout", type=float, default=240)
+    parser.add_argument("--budget", type=float, default=1e9, help="seconds for all cells")
+    parser.add_argument(
+        "--cell-seconds", type=float, default=60, help="a cell starts only with this much left"
+    )
     args = parser.parse_args()
     unknown = [s for s in {*args.shapes, args.search_shape} if s not in SHAPES]
     if unknown:
         parser.error(f"unknown shapes {unknown}; known: {', '.join(SHAPES)}")
+    args.deadline = time.monotonic() + args.budget
+    args.gpu_name = gpu_name(args.device)
     args.out.mkdir(parents=True, exist_ok=True)
+    plan = [(args.search_shape, mode, args.batches) for mode in MODES]
+    plan += [
+        (shape, mode, args.batches[:1])
+        for shape in args.shapes
+        if shape != args.search_shape
+        for mode in args.overhead_modes
+    ]
     cells = []
-    for shape in dict.fromkeys([args.search_shape, *args.shapes]):
-        batches = args.batches if shape == args.search_shape else args.batches[:1]
-        for mode in MODES:
-            try:
-                cells.append(run_cell(shape, mode, batches, args))
-            except Exception as error:  # one failed cell must not lose the others' numbers
-                print(f"{shape} {mode} failed: {error!r}", flush=True)
-                cells.append({"shape": shape, "mode": mode, "batches": {}, "error": repr(error)})
-            (args.out / "colocate_gpu.json").write_text(json.dumps(cells, indent=1, default=str))
+    for shape, mode, batches in plan:
+        if args.deadline - time.monotonic() < args.cell_seconds:
+            print(f"{shape} {mode}: skipped, out of time", flush=True)
+            cells.append({"shape": shape, "mode": mode, "batches": {}, "error": "out of time"})
+            continue
+        try:
+            cells.append(run_cell(shape, mode, batches, args))
+        except Exception as error:  # one failed cell must not lose the others' numbers
+            print(f"{shape} {mode} failed: {error!r}", flush=True)
+            cells.append({"shape": shape, "mode": mode, "batches": {}, "error": repr(error)})
+        (args.out / "colocate_gpu.json").write_text(json.dumps(cells, indent=1, default=str))
+        (args.out / "colocate_gpu.md").write_text(report(cells, args))
     table = report(cells, args)
     (args.out / "colocate_gpu.md").write_text(table)
     print(table)

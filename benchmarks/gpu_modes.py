@@ -52,18 +52,27 @@ from grpo_tui.supervisor.tree import PROCESS_VAR, RUN_ID_VAR, is_alive, tagged
 
 REPO = Path(__file__).resolve().parents[1]
 MODES = ("none", "lora_only", "lora_restart", "shared_vllm")
+EXTRA_MODES = ("colocate",)
+"""Run only when named with --modes (benchmarks/colocate_device.sh: one GPU, vLLM)."""
 LORA_MODES = ("lora_only", "lora_restart")
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 MIB = 1024 * 1024
 PORT_BASE = 21000
 
 SEED_SYNC = {
+    "colocate": "-",
     "shared_vllm": "~0 ms",
     "lora_only": "1-5 s (hot-swap)",
     "lora_restart": "30-60 s (restart, ~45 s)",
     "none": "30-60 s (restart)",
 }
-SEED_TOKENS = {"shared_vllm": "172", "lora_restart": "108", "lora_only": "13", "none": "-"}
+SEED_TOKENS = {
+    "colocate": "-",
+    "shared_vllm": "172",
+    "lora_restart": "108",
+    "lora_only": "13",
+    "none": "-",
+}
 
 GPU_SHAPE = {
     "hidden_size": 1024,
@@ -139,6 +148,9 @@ class CellResult:
     alignment: list[float] = field(default_factory=list)
     off_policy_lag: list[float] = field(default_factory=list)
     peak_memory_gb: list[float] = field(default_factory=list)
+    phases: dict[str, list[float]] = field(default_factory=dict)
+    """Per-step seconds of each phase (``phase/<name>_s``: generating, sleeping, training,
+    syncing, waking), from the trainer's metrics."""
     gpu_memory_max: dict[str, int] = field(default_factory=dict)
     restarts: int = 0
     leftovers: list[str] = field(default_factory=list)
@@ -212,6 +224,8 @@ def profile_for(
         "max_model_len": 512,
         "max_lora_rank": 16,
     }
+    if args.layout == "same" and args.pin_gpu is not None and cell.device != "cpu":
+        inference["gpus"] = [args.pin_gpu]
     if cell.backend == "vllm":
         if args.layout != "same":  # vLLM on GPU 1, alone (split) or beside rank 1 (fsdp2)
             inference["gpus"] = [1]
@@ -239,6 +253,7 @@ def profile_for(
         inference["device"] = cell.device
     trainer: dict[str, Any] = {
         **({"gpus": TRAINER_GPUS[args.layout]} if args.layout != "same" else {}),
+        **({"gpus": inference["gpus"]} if args.layout == "same" and "gpus" in inference else {}),
         "device": cell.device,
         "dtype": cell.dtype,
         "lr": cell.lr,
@@ -418,6 +433,9 @@ def read_run(result: CellResult, cell_dir: Path) -> None:
         ):
             if key in data:
                 target.append(float(data[key]))
+        for key, value in data.items():
+            if key.startswith("phase/") and key.endswith("_s") and isinstance(value, int | float):
+                result.phases.setdefault(key[6:-2], []).append(float(value))
     window = (trainer[0]["t"], trainer[-1]["t"]) if trainer else None
     for record in supervisor:
         data = record["data"]
@@ -647,6 +665,24 @@ def table(results: list[CellResult], args: argparse.Namespace) -> list[str]:
     return rows
 
 
+def phase_lines(results: list[CellResult]) -> list[str]:
+    """Median seconds per step in each phase (``phase/<name>_s``), cells that report them."""
+    reported = [r for r in results if r.phases]
+    names = sorted({name for r in reported for name in r.phases})
+    if not reported:
+        return []
+    lines = [
+        "Seconds per step in each phase (median over steps; the trainer's `phase/<name>_s`):",
+        "",
+        "| backend | mode | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    for r in reported:
+        cells = [_fmt(_median(r.phases.get(name, [])), ".3f") for name in names]
+        lines.append(f"| {r.backend} | {r.mode} | " + " | ".join(cells) + " |")
+    return [*lines, ""]
+
+
 def memory_proof(results: list[CellResult], weight_bytes: int) -> list[str]:
     """Shared mode holds one weight copy: the trainer's memory drops by about one copy."""
     lines = ["## Shared-mode memory proof", ""]
@@ -805,6 +841,7 @@ def markdown(
         "",
         *table(results, args),
         "",
+        *phase_lines(results),
         "Seed figures (Atropos example trainer): shared ~0 ms, LoRA hot-swap 1-5 s, restart "
         "30-60 s; 172 / 108 / 13 tok/s for shared / lora_restart / lora_only.",
         "",
@@ -912,7 +949,7 @@ def pack_runs(work: Path, target: Path, lines: int) -> None:
 def dry_run(cells: list[Cell], work: Path, args: argparse.Namespace) -> int:
     """Write every cell's profile and print the plan ``grpo-tui check`` resolves from it."""
     failures = 0
-    ports = free_ports(2 * len(cells))
+    ports = free_ports(2 * len(cells), args.port_base)
     for index, cell in enumerate(cells):
         profile = work / cell.name / "profile.toml"
         profile.parent.mkdir(parents=True, exist_ok=True)
@@ -935,7 +972,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="results folder ($OUT)")
     parser.add_argument("--work", type=Path, default=None, help="run dirs (default OUT/../work)")
     parser.add_argument("--backends", nargs="+", default=["vllm", "builtin"])
-    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=[*MODES, *EXTRA_MODES])
     parser.add_argument("--device", default="cuda")
     parser.add_argument(
         "--layout",
@@ -944,6 +981,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="same: every process on GPU 0; split: the trainer on GPU 0 and vLLM alone on "
         "GPU 1 (shared_vllm over NCCL); fsdp2: a 2-rank FSDP2 trainer on GPUs 0 and 1 "
         "(torchrun), vLLM on GPU 1 beside rank 1; split and fsdp2 run vLLM cells only",
+    )
+    parser.add_argument(
+        "--pin-gpu",
+        type=int,
+        default=None,
+        help="same layout: pin inference and trainer to this GPU index ([..] gpus = [N])",
+    )
+    parser.add_argument(
+        "--port-base", type=int, default=PORT_BASE, help="first port tried for the cells"
     )
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--quick", action="store_true", help="tiny model, few steps (CPU check)")
@@ -1004,7 +1050,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return dry_run(cells, work, args)
     cell_deadline = deadline - args.stop_grace - 30
-    ports = free_ports(2 * len(cells) + 2)
+    ports = free_ports(2 * len(cells) + 2, args.port_base)
     pairs = [(ports[i], ports[i + 1]) for i in range(0, len(ports), 2)]
     parallel = args.parallel or len(cells) + 1
     args.parallel = parallel

@@ -5,12 +5,17 @@ if ! ls /root/vv/part-* >/dev/null 2>&1; then
   echo "gpu_setup: /root/vv/part-* missing: carry the vLLM parts first (docs/gpu.md); nothing run"
   exit 3
 fi
+# Two device scripts in one call (one per GPU) may source this at once: one installs, the
+# other waits for it (the lock), then finds the install done.
+exec {gpu_setup_lock}>/tmp/gpu_setup.lock
+flock "$gpu_setup_lock"
 if [ ! -d /tmp/site/vllm ]; then   # a warm machine keeps /tmp/site between calls
   echo "gpu_setup: $(date -u +%FT%TZ) unpacking $(ls /root/vv/part-* | wc -l) parts"
   cat /root/vv/part-* | tar xf - -C /root || exit 3
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
     /root/bundle/*.whl .whl/*.whl || exit 3
 fi
+flock -u "$gpu_setup_lock"
 export PYTHONPATH=$PWD:/tmp/site
 echo "gpu_setup: installed in ${SECONDS}s"
 # No network there: never let a library try to reach a hub or send usage stats.

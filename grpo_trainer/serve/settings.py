@@ -274,12 +274,11 @@ def _vllm_command(
         ]
         env["VLLM_SERVER_DEV_MODE"] = "1"
     if mode == "colocate":
-        # Sleep level 2 frees weights and KV cache while the trainer steps; the trainer then
-        # sends its weights by CUDA IPC (vLLM's native ``ipc`` weight transfer, pickled
-        # handles over HTTP) between ``/wake_up?tags=weights`` and ``?tags=kv_cache``.
-        argv += ["--enable-sleep-mode", "--weight-transfer-config", json.dumps({"backend": "ipc"})]
+        # Sleep level 2 frees weights and KV cache while the trainer steps; between
+        # ``/wake_up?tags=weights`` and ``?tags=kv_cache`` the worker extension opens the
+        # trainer's tensors by CUDA IPC and loads them (``grpo_load_weights``).
+        argv += ["--enable-sleep-mode", "--worker-extension-cls", VLLM_WORKER_EXTENSION]
         env["VLLM_SERVER_DEV_MODE"] = "1"
-        env["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
     return InferenceLaunch(argv=[*argv, *settings.extra_args], env=env)
 
 

@@ -12,8 +12,9 @@ file on CPU, CUDA IPC on GPU); sleep level 1 releases the server's caches and ho
 requests, the weights stay (they are the trainer's). vLLM (0.24): sleep always takes the
 weights with it (level 1 copies them to CPU and unmaps them, level 2 drops them), so the
 trainer cannot hold views of them; it keeps its own copy, vLLM sleeps at level 2 (weights
-and KV cache freed), and the sync is ``/wake_up?tags=weights``, vLLM's native ``ipc`` weight
-transfer from the trainer's tensors on the same GPU, ``/wake_up?tags=kv_cache``.
+and KV cache freed), and the sync is ``/wake_up?tags=weights``, then the worker extension
+opens the trainer's tensors by CUDA IPC and loads them in place (``grpo_load_weights``),
+then ``/wake_up?tags=kv_cache`` (TRL's order for vLLM's sleep mode).
 
 A wake-up that fails is retried (the HTTP client's backoff, then the training loop's sync
 retries); then the run stops with the reason (``max_sync_lag`` is 0 in this mode), so no
@@ -24,12 +25,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import Any
 
+import torch
 from torch import nn
 
 from grpo_trainer.sync.base import SyncContext, SyncResult
 from grpo_trainer.sync.client import InferenceClient, SyncError
+from grpo_trainer.sync.cuda_ipc import same_gpu, tensor_handles
 from grpo_trainer.sync.shared import SharedFileSync
 
 
@@ -63,6 +65,12 @@ class SleepControl:
         """Seconds spent waking since the last call."""
         seconds, self.wake_time = self.wake_time, 0.0
         return seconds
+
+
+def release_cached_memory() -> None:
+    """Give the trainer's cached, unused CUDA blocks (the step's activations) back to the
+    device before inference wakes and allocates its KV cache there (no-op without CUDA)."""
+    torch.cuda.empty_cache()
 
 
 class ColocateSharedSync(SharedFileSync):
@@ -102,6 +110,7 @@ class ColocateSharedSync(SharedFileSync):
     def sync(self, model: nn.Module, step: int) -> SyncResult:
         """The weights are in place (sleep dropped every cache): wake, confirm awake."""
         start = time.perf_counter()
+        release_cached_memory()
         self.control.wake()
         self.control.confirm_awake()
         return SyncResult(
@@ -119,25 +128,30 @@ class ColocateSharedSync(SharedFileSync):
 
 
 class VllmColocateSync(ColocateSharedSync):
-    """vLLM: own weights, sleep level 2, IPC weight transfer between the two wake-ups."""
+    """vLLM: own weights, sleep level 2, weights loaded by CUDA IPC between the two wake-ups."""
 
     sleep_level = 2
 
     def attach(self, model: nn.Module) -> nn.Module:
         """Push the start weights through one sleep/wake cycle (also wakes a server that a
-        trainer restarted mid-step left asleep, its weights dropped)."""
+        trainer restarted mid-step left asleep, its weights dropped), then read one
+        parameter back: vLLM must now hold exactly the trainer's values."""
         if hasattr(model, "peft_config"):
             raise SyncError("colocate trains the full model; got a peft (LoRA) model")
-        if next(model.parameters()).device.type != "cuda":
-            raise SyncError("colocate on vLLM needs the trainer on the server's CUDA device")
-        self.client.post("/init_weight_transfer_engine", json={"init_info": {}})
+        if not same_gpu(self.client, model):
+            raise SyncError(
+                "colocate on vLLM needs the trainer on the GPU vLLM runs on "
+                "([trainer] gpus = [inference] gpus, one GPU)"
+            )
         self.before_train_step()
         self.sync(model, 0)
+        self._check_loaded(model)
         return model
 
     def sync(self, model: nn.Module, step: int) -> SyncResult:
-        """Wake the weights, send ours into them, wake the KV cache, confirm awake."""
+        """Wake the weights, load ours into them, wake the KV cache, confirm awake."""
         start = time.perf_counter()
+        release_cached_memory()
         if self.control.asleep:
             self.control.wake(["weights"])
         pushed = time.perf_counter()
@@ -153,10 +167,30 @@ class VllmColocateSync(ColocateSharedSync):
         )
 
     def _push(self, model: nn.Module) -> None:
-        """vLLM's native IPC transfer: handles of our tensors, loaded by its workers."""
-        from vllm.distributed.weight_transfer.ipc_engine import IPCWeightTransferEngine
+        """Handles of our parameters to the worker, which loads them (it reads our memory,
+        so the optimizer step's kernels must have finished first)."""
+        params = list(model.named_parameters())
+        torch.cuda.synchronize(params[0][1].device)
+        payload = tensor_handles(params)
+        answer = self.client.post(
+            "/collective_rpc", json={"method": "grpo_load_weights", "args": [payload]}
+        )
+        loaded = answer.json().get("results", [])
+        if loaded != [str(len(params))]:
+            raise SyncError(f"vLLM loaded {loaded} tensors, the trainer sent {len(params)}")
+        torch.cuda.ipc_collect()
 
-        args: dict[str, Any] = {"send_mode": "http", "url": self.client.base_url}
-        self.client.post("/start_weight_update", json={"is_checkpoint_format": True})
-        IPCWeightTransferEngine.trainer_send_weights(iter(model.named_parameters()), args)
-        self.client.post("/finish_weight_update")
+    def _check_loaded(self, model: nn.Module) -> None:
+        """vLLM's smallest unfused parameter must equal the trainer's after a push."""
+        layout = self.client.post("/collective_rpc", json={"method": "grpo_weight_layout"})
+        ours = dict(model.named_parameters())
+        name = min(
+            (entry[0] for entry in layout.json()["results"][0] if entry[0] in ours),
+            key=lambda key: ours[key].numel(),
+        )
+        answer = self.client.post(
+            "/collective_rpc", json={"method": "grpo_parameter_values", "args": [name]}
+        )
+        served = torch.tensor(answer.json()["results"][0])
+        if not torch.equal(served, ours[name].detach().float().cpu()):
+            raise SyncError(f"vLLM's {name} differs from the trainer's after the weight load")

@@ -1,25 +1,27 @@
-"""Trainer side of zero-copy sharing on one GPU: map the server's CUDA IPC handles.
+"""Trainer side of CUDA IPC with a server on the same GPU.
 
-The server (vLLM's worker extension, or the built-in server on CUDA) answers
-``/collective_rpc`` with handles of its parameters; the trainer rebuilds them, maps its
-HF-named parameters onto them (``vllm_names.hf_views`` splits fused tensors), copies its
-current weights in while generation is paused, and swaps its storage for the views.
+Zero-copy sharing (``shared_vllm``): the server (vLLM's worker extension, or the built-in
+server on CUDA) answers ``/collective_rpc`` with handles of its parameters; the trainer
+rebuilds them, maps its HF-named parameters onto them (``vllm_names.hf_views`` splits fused
+tensors), copies its current weights in while generation is paused, and swaps its storage
+for the views. The other way (``colocate`` on vLLM): ``tensor_handles`` packs handles of the
+trainer's own tensors for the server to open and load (``serve.cuda_ipc.open_tensors``).
 """
 
 from __future__ import annotations
 
 import base64
 import pickle
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
+from torch.multiprocessing.reductions import reduce_tensor
 
+from grpo_trainer.serve.cuda_ipc import STORAGE_DEVICE_ARG
 from grpo_trainer.sync.client import InferenceClient, SyncError
 from grpo_trainer.sync.vllm_names import hf_views
-
-STORAGE_DEVICE_ARG = 6
-"""Position of the device index in ``rebuild_cuda_tensor``'s arguments."""
 
 
 def rpc(client: InferenceClient, method: str) -> Any:
@@ -29,6 +31,20 @@ def rpc(client: InferenceClient, method: str) -> Any:
     if len(results) != 1:
         raise SyncError(f"zero-copy sharing needs one worker (TP=1), got {len(results)}")
     return results[0]
+
+
+def tensor_handles(named: Iterable[tuple[str, torch.Tensor]]) -> str:
+    """Base64 pickled ``(name, CUDA IPC handle)`` pairs of ``named`` (contiguous tensors).
+
+    The caller keeps the tensors alive, and their writes finished, until the receiver has
+    read them.
+    """
+    pairs = []
+    for name, tensor in named:
+        if not tensor.is_cuda or not tensor.is_contiguous():
+            raise SyncError(f"{name}: a CUDA IPC handle needs a contiguous CUDA tensor")
+        pairs.append((name, reduce_tensor(tensor.detach())))
+    return base64.b64encode(pickle.dumps(pairs)).decode()
 
 
 def same_gpu(client: InferenceClient, model: nn.Module) -> bool:

@@ -1,11 +1,13 @@
-"""The vLLM worker extension (``--worker-extension-cls``) for ``shared_vllm`` on one GPU.
+"""The vLLM worker extension (``--worker-extension-cls``) for ``shared_vllm`` and ``colocate``.
 
 vLLM mixes this class into each GPU worker; ``POST /collective_rpc {"method": ...}`` calls
 its methods there, where ``self.model_runner.model`` is the live model. It exports CUDA
 IPC handles of the parameters so that the trainer, on the same GPU, can map them and update
 them in place; for a trainer on other GPUs it lists the parameters' layout (to send them in
 vLLM's own, kernel, format), reads one parameter back, and runs vLLM's own NCCL receive
-under ``no_grad``. No vLLM import, no patching.
+under ``no_grad``. For ``colocate`` it opens the trainer's tensors by CUDA IPC and loads
+them with the model's own ``load_weights`` (HF names, fused by vLLM), in place, so the
+weights stay in the sleep-mode memory pool. No vLLM import, no patching.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 import torch
 
-from grpo_trainer.serve.cuda_ipc import device_uuid, export_weights
+from grpo_trainer.serve.cuda_ipc import device_uuid, export_weights, open_tensors
 
 
 class SharedWeightsExtension:
@@ -52,3 +54,17 @@ class SharedWeightsExtension:
         """
         with torch.no_grad():
             self.update_weights(json.loads(update_info))  # type: ignore[attr-defined]
+
+    def grpo_load_weights(self, payload: str) -> int:
+        """Load the trainer's tensors (``sync.cuda_ipc.tensor_handles``) into the model.
+
+        vLLM 0.24's native ``ipc`` weight transfer is not used: its module imports ``ray``
+        (not a vLLM requirement, not in the carried bundle), and its checkpoint-format path
+        rebuilds layers on the meta device. ``load_weights`` copies into the existing
+        parameters, as TRL's colocate mode does. Returns how many tensors were loaded.
+        """
+        weights = open_tensors(payload, torch.cuda.current_device())
+        with torch.no_grad():
+            self.model_runner.model.load_weights(weights)
+        torch.cuda.synchronize()
+        return len(weights)

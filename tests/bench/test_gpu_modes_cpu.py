@@ -65,6 +65,19 @@ def test_every_cell_profile_passes_check_with_the_vllm_flags(tmp_path: Path) -> 
         assert "--inference-backend sglang" in plan  # the trainer picks the SGLang strategies
 
 
+def test_colocate_cell_pins_both_roles_to_one_gpu_and_sleeps(tmp_path: Path) -> None:
+    """The device script's toy stage: vLLM in sleep mode and the trainer on GPU 0 only."""
+    args = ("--backends", "vllm", "--modes", "colocate", "--pin-gpu", "0", "--port-base", "23100")
+    done = gpu_modes(tmp_path / "out", "--dry-run", "--quick", *args, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    plan = done.stdout.split("== ")[1]
+    assert plan.startswith("vllm-colocate: check exit 0")
+    assert "--enable-sleep-mode --worker-extension-cls" in plan
+    assert "--weight-bridge-mode colocate --max-sync-lag 0" in plan
+    assert plan.count("CUDA_VISIBLE_DEVICES=0") == 2  # inference and trainer, nothing else
+    assert "--port 23100" in plan
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(420)
 def test_one_real_cell_and_the_orphan_check_on_cpu(tmp_path: Path) -> None:
