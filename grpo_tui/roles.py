@@ -83,7 +83,7 @@ TRANSFER_ADDRESS_ENV = "GRPO_WEIGHT_TRANSFER_ADDRESS"
 TRAINER_WIRED = {
     "model_name": "run.model",
     "atropos_url": "[api]",
-    "api_token": "api.token",
+    "api_token": "api.token (in the trainer's environment, GRPO_API_TOKEN)",
     "inference_url": "[inference]",
     "served_model_name": "inference.served_model_name",
     "inference_backend": "inference.backend",
@@ -502,7 +502,6 @@ class RoleLayer:
 
     def trainer_config(self) -> TrainerConfig:
         """The trainer's settings: the ``[trainer]`` table plus the wiring to the others."""
-        api = self.api or ApiSettings()
         inference = self.inference or InferenceSettings()
         group_sizes = {env.group_size for env in self.envs if env is not None}
         defaults: dict[str, Any] = {"seed": self.seed, "resume": "auto"}
@@ -524,8 +523,6 @@ class RoleLayer:
             "weight_bridge_mode": self.mode,
             "save_path": str(self.checkpoint_dir),
         }
-        if api.token is not None:
-            wiring["api_token"] = api.token.get_secret_value()
         skip = {*TRAINER_WIRED, *TRAINER_ROLE_KEYS}
         table = {k: v for k, v in self._tables["trainer"].items() if k not in skip}
         if self.mode == "colocate":

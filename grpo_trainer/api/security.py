@@ -14,6 +14,10 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 OPEN_PATHS = frozenset({"/health"})
+SERVER_OPEN_PATHS = frozenset({"/health", "/metrics"})
+"""What an inference server (built-in or vLLM) answers without its key: readiness probes
+and the supervisor's metrics scraper, which carry no credentials. Neither route changes
+anything; ``/metrics`` discloses request counters only."""
 
 
 class TokenGuard:

@@ -19,7 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
-from grpo_trainer.api.security import TokenGuard
+from grpo_trainer.api.security import SERVER_OPEN_PATHS, TokenGuard
 from grpo_trainer.serve.cuda_ipc import RPC_METHODS, device_uuid, export_weights
 from grpo_trainer.serve.engine import Engine, Sample
 from grpo_trainer.serve.lora import AdapterError
@@ -35,9 +35,6 @@ from grpo_trainer.serve.sleep import SleepError, SleepState
 from grpo_trainer.serve.sleep import attach_router as attach_sleep_routes
 
 ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
-
-OPEN_PATHS = frozenset({"/health", "/metrics"})
-"""Paths answered without the API key: readiness probes and metrics scrapers."""
 
 
 class ApiError(Exception):
@@ -268,7 +265,7 @@ def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
     ``/health`` and ``/metrics`` (what probes and scrapers read) needs it as a bearer token."""
     app = FastAPI(title="grpo-trainer built-in inference server")
     if api_key is not None:
-        app.add_middleware(TokenGuard, token=api_key, open_paths=OPEN_PATHS)
+        app.add_middleware(TokenGuard, token=api_key, open_paths=SERVER_OPEN_PATHS)
     engine = state.engine
 
     @app.exception_handler(ApiError)

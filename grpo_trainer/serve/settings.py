@@ -20,12 +20,19 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from grpo_trainer.api.settings import is_loopback
+
 Backend = Literal["builtin", "vllm", "sglang"]
 Mode = Literal["none", "shared_vllm", "lora_only", "lora_restart", "colocate"]
 LORA_MODES: tuple[str, ...] = ("lora_only", "lora_restart")
 SHARED_MODES: tuple[str, ...] = ("shared_vllm", "colocate")
 """Modes where the built-in server's weights are the trainer's (``--shared-weights``)."""
 VLLM_WORKER_EXTENSION = "grpo_trainer.sync.vllm_worker.SharedWeightsExtension"
+SGLANG_MODULE = "sglang.launch_server"
+SGLANG_TOKEN_LAUNCH = "grpo_trainer.serve.sglang_launch"
+"""Beyond loopback, SGLang is started through this module, which passes it the token."""
+VLLM_TOKEN_GUARD = "grpo_trainer.sync.vllm_guard.EnvTokenGuard"
+"""vLLM's ``--middleware`` beyond loopback: the run's token on every route, dev ones too."""
 API_KEY_ENV = "VLLM_API_KEY"
 """The inference server's bearer token: vLLM's own variable for ``--api-key``, read by the
 built-in server and by our clients as well, so one name works for both backends."""
@@ -102,7 +109,7 @@ class InferenceSettings(BaseModel):
         description="how to invoke vLLM's CLI, e.g. ['python3', '-m', 'vllm.entrypoints.cli.main']",
     )
     sglang_executable: list[str] = Field(
-        default_factory=lambda: [sys.executable, "-m", "sglang.launch_server"],
+        default_factory=lambda: [sys.executable, "-m", SGLANG_MODULE],
         min_length=1,
         description="how to start SGLang's server (its own python -m sglang.launch_server)",
     )
@@ -258,6 +265,8 @@ def _vllm_command(
         argv += ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
     if settings.data_parallel_size > 1:
         argv += ["--data-parallel-size", str(settings.data_parallel_size)]
+    if not is_loopback(settings.host):
+        argv += ["--middleware", VLLM_TOKEN_GUARD]
     env: dict[str, str] = {}
     if mode in LORA_MODES:
         argv += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank)]
@@ -311,7 +320,7 @@ def _sglang_command(
     if mode in SGLANG_REFUSED:
         raise ValueError(f"backend sglang cannot run mode {mode!r}: {SGLANG_REFUSED[mode]}")
     argv = [
-        *settings.sglang_executable,
+        *_sglang_launcher(settings),
         "--model-path",
         model,
         "--host",
@@ -342,6 +351,22 @@ def _sglang_command(
         if adapter is not None:
             argv += ["--lora-paths", f"{settings.served_model_name}={adapter}"]
     return InferenceLaunch(argv=[*argv, *settings.extra_args], env={})
+
+
+def _sglang_launcher(settings: InferenceSettings) -> list[str]:
+    """``sglang_executable``; beyond loopback, the same Python running our launcher, which
+    hands SGLang ``--api-key`` from the environment instead of the command line."""
+    executable = settings.sglang_executable
+    if is_loopback(settings.host):
+        return executable
+    if executable[-2:] != ["-m", SGLANG_MODULE]:
+        raise ValueError(
+            f"SGLang on {settings.host} needs the run's token, which it reads only as "
+            f"--api-key; to keep it off the command line grpo-tui starts it through "
+            f"{SGLANG_TOKEN_LAUNCH}, so sglang_executable must end with "
+            f"'-m {SGLANG_MODULE}' (got {executable})"
+        )
+    return [*executable[:-1], SGLANG_TOKEN_LAUNCH]
 
 
 def request_model_name(settings: InferenceSettings, mode: str) -> str:

@@ -103,7 +103,9 @@ class TrainerConfig(BaseModel):
 
     # data
     atropos_url: str = "http://localhost:8000"
-    api_token: str | None = None
+    api_token: str | None = Field(
+        None, description="the API's bearer token; default $GRPO_API_TOKEN (kept out of ps)"
+    )
     api_timeout: float = Field(60.0, gt=0, description="max wait for the API at start, seconds")
     lease_seconds: float = Field(600.0, gt=0)
     batches_file: str | None = Field(None, description="offline JSONL of groups instead of API")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import sys
 
 import torch
 
+from grpo_trainer.api.settings import TOKEN_ENV
 from grpo_trainer.models import load_tokenizer
 from grpo_trainer.sync.base import SyncContext, WeightSync
 from grpo_trainer.sync.client import SyncError
@@ -36,7 +38,7 @@ def make_source(config: TrainerConfig, reporter: Reporter) -> BatchSource:
         return FileSource(config.batches_file, config.step_batch_size, wait=config.api_timeout)
     client = ApiClient(
         config.atropos_url,
-        token=config.api_token,
+        token=config.api_token or os.environ.get(TOKEN_ENV),
         lease_seconds=config.lease_seconds,
         start_timeout=config.api_timeout,
         log=reporter.event,
