@@ -33,7 +33,14 @@ SHUTTING_DOWN = "supervisor is shutting down"
 
 
 class ControlError(RuntimeError):
-    """A request was refused by the supervisor, or got no reply in time."""
+    """A request was refused by the supervisor, or got no reply in time.
+
+    ``reason`` is the supervisor's own words for a refusal (the message otherwise).
+    """
+
+    def __init__(self, message: str, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.reason = reason or message
 
 
 class SupervisorShuttingDown(ControlError):
@@ -128,7 +135,7 @@ class SupervisorLink:
         if not reply.get("ok"):
             error = str(reply.get("error"))
             refusal = SupervisorShuttingDown if error.startswith(SHUTTING_DOWN) else ControlError
-            raise refusal(f"supervisor refused {action!r}: {error}")
+            raise refusal(f"supervisor refused {action!r}: {error}", reason=error)
         return dict(reply.get("result") or {})
 
     def flush(self, timeout: float = 5.0) -> bool:

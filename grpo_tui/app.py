@@ -16,7 +16,7 @@ import time
 import tomllib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from textual import work
 from textual.app import App
@@ -59,6 +59,25 @@ MUTATING_ACTIONS = frozenset(
         "process_action",
     }
 )
+
+
+class RunControl(Protocol):
+    """What the dashboard's actions call: the :class:`Supervisor` it runs, or an attached
+    one's control socket (:class:`grpo_tui.attach.AttachedControl`)."""
+
+    run_dir: Path
+
+    async def restart(self, name: str) -> None: ...
+
+    async def stop(self, name: str) -> None: ...
+
+    async def start(self, name: str) -> None: ...
+
+    async def kill(self, name: str) -> None: ...
+
+    async def switch_mode(self, mode: str) -> None: ...
+
+    def edit(self, values: dict[str, Any]) -> dict[str, Any]: ...
 
 
 def default_keymap_path() -> Path:
@@ -118,7 +137,8 @@ def read_keymap(path: Path) -> dict[str, str]:
 
 
 class GrpoTuiApp(App[int]):
-    """The dashboard over a live :class:`Supervisor`, or read-only over a :class:`RunState`."""
+    """The dashboard over a live :class:`Supervisor`, over a followed run with ``control``
+    (``grpo-tui attach``), or read-only over a :class:`RunState`."""
 
     CSS_PATH = "app.tcss"
     TITLE = "grpo-tui"
@@ -145,14 +165,18 @@ class GrpoTuiApp(App[int]):
         state: RunState,
         *,
         supervisor: Supervisor | None = None,
+        control: RunControl | None = None,
         clock: Callable[[], float] = time.time,
         keymap_path: Path | None = None,
         follow: Callable[[], object] | None = None,
+        notice: str = "",
     ) -> None:
         super().__init__()
         self.state = state
         self.follow = follow
         self.supervisor = supervisor
+        self.control: RunControl | None = supervisor if supervisor is not None else control
+        self.notice = notice
         self.clock = clock
         self.keymap_path = keymap_path or default_keymap_path()
         self.keymap = read_keymap(self.keymap_path)
@@ -165,7 +189,7 @@ class GrpoTuiApp(App[int]):
 
     @property
     def read_only(self) -> bool:
-        return self.supervisor is None
+        return self.control is None
 
     def get_driver_class(self) -> type[Driver]:
         """Textual's driver for this terminal; on Linux / macOS, the one with a quick Esc."""
@@ -181,10 +205,13 @@ class GrpoTuiApp(App[int]):
         self.install_screen(self.help_screen, "help")
         if not self.is_headless:
             self.call_after_refresh(self._freeze_startup_objects)
-        if self.read_only:
-            self.push_screen(RunViewerScreen())
+        if self.supervisor is None:
+            self.push_screen(RunViewerScreen() if self.read_only else DashboardScreen())
             if self.follow is not None:
                 self.set_interval(FOLLOW_PERIOD, self.follow)
+            if self.notice:
+                severity = "warning" if self.read_only else "information"
+                self.notify(self.notice, title="attached", severity=severity, timeout=10)
             return
         if self.state.started_at is None:
             self.state.started_at = self.clock()
@@ -276,17 +303,17 @@ class GrpoTuiApp(App[int]):
     def action_process_action(self, operation: str, name: str | None = None) -> None:
         """``restart`` / ``stop`` / ``start`` / ``kill`` a process (the selected one by default)."""
         target = name or self.selected_process
-        if self.supervisor is None:
+        if self.control is None:
             return
         if target is None:
             self.notify("select a process first", severity="warning")
             return
-        supervisor = self.supervisor
+        control = self.control
         calls: dict[str, Callable[[], Awaitable[None]]] = {
-            "restart": lambda: supervisor.restart(target),
-            "stop": lambda: supervisor.stop(target),
-            "start": lambda: supervisor.start(target),
-            "kill": lambda: supervisor.kill(target),
+            "restart": lambda: control.restart(target),
+            "stop": lambda: control.stop(target),
+            "start": lambda: control.start(target),
+            "kill": lambda: control.kill(target),
         }
         self._act(f"{operation} {target}", calls[operation])
 
@@ -325,8 +352,8 @@ class GrpoTuiApp(App[int]):
 
     async def switch_training_mode(self, mode: str) -> None:
         """Run the supervisor's mode switch; the modal shows its progress."""
-        assert self.supervisor is not None
-        await self.supervisor.switch_mode(mode)
+        assert self.control is not None
+        await self.control.switch_mode(mode)
         self.state.mode = mode
 
     def action_show_dashboard(self) -> None:
@@ -347,8 +374,8 @@ class GrpoTuiApp(App[int]):
             self.push_screen("help")
 
     async def action_quit(self) -> None:
-        """Ordered shutdown, asking first while a trainer is running."""
-        if self.read_only or self.outcome is not None:
+        """Ordered shutdown, asking first while a trainer is running (attached: leave it)."""
+        if self.supervisor is None or self.outcome is not None:
             self.exit(self.outcome.exit_code if self.outcome else 0)
             return
         if self._quitting:
@@ -413,16 +440,34 @@ def run_app(profile: Path | str | Profile, mode: str | None = None) -> int:
     return result if result is not None else app.return_code or 0
 
 
+def attach_app(run_dir: Path, *, keymap_path: Path | None = None) -> GrpoTuiApp:
+    """The dashboard over a running run's files, following them (``grpo-tui attach``), with
+    its actions on the supervisor's control socket when it answers, else read-only."""
+    from grpo_tui.attach import attach_control
+    from grpo_tui.run_files import RunFollower, profile_mode
+
+    state = RunState(run_dir.name, mode=profile_mode(run_dir / "profile.toml"))
+    follower = RunFollower(run_dir, state)
+    follower.poll()
+    control, why = attach_control(run_dir)
+    notice = why or "actions go to the running supervisor; q leaves the run running"
+    return GrpoTuiApp(
+        state, control=control, follow=follower.poll, notice=notice, keymap_path=keymap_path
+    )
+
+
 def run_attach(run_dir: Path) -> int:
-    """The dashboard over a running run's files, following them (``grpo-tui attach``)."""
-    from grpo_tui.run_files import RunFollower
+    """``grpo-tui attach``'s dashboard (:func:`attach_app`); returns 0 (2 for a bad keymap)."""
+    from grpo_tui.attach import AttachedControl
 
     if not _keymap_ok():
         return EXIT_BAD_INPUT
-    state = RunState(run_dir.name)
-    follower = RunFollower(run_dir, state)
-    follower.poll()
-    GrpoTuiApp(state, follow=follower.poll).run()
+    app = attach_app(run_dir)
+    try:
+        app.run()
+    finally:
+        if isinstance(app.control, AttachedControl):
+            app.control.close()
     return 0
 
 

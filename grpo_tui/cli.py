@@ -236,7 +236,7 @@ def attach(
         bool, typer.Option("--via-slurm", help="Go through srun even on the supervisor's host.")
     ] = False,
 ) -> None:
-    """Follow a cluster run: its dashboard (read-only, live) or its processes' states."""
+    """Follow and steer a cluster run: its live dashboard (read-only once it ended), or states."""
     import os
 
     from grpo_tui.attach import on_supervisor_host, read_allocation, srun_hop, supervisor_status

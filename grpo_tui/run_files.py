@@ -124,11 +124,12 @@ def load_run(run_dir: Path, *, max_log_lines: int = 5000) -> tuple[RunState, int
     if logs.is_dir():
         for path in sorted(logs.glob("*.log")):
             state.log(path.stem).extend(_tail_lines(path, max_log_lines))
-    state.mode = _mode_from_profile(run_dir / "profile.toml")
+    state.mode = profile_mode(run_dir / "profile.toml")
     return state, bad
 
 
-def _mode_from_profile(path: Path) -> str | None:
+def profile_mode(path: Path) -> str | None:
+    """``run.mode`` of a run directory's resolved ``profile.toml`` (None when unreadable)."""
     if not path.is_file():
         return None
     try:

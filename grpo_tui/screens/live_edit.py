@@ -32,8 +32,8 @@ class LiveEditScreen(ModalScreen[dict[str, Any] | None]):
     ]
 
     def compose(self) -> ComposeResult:
-        assert self.app.supervisor is not None
-        in_force = read_edits(self.app.supervisor.run_dir).values
+        assert self.app.control is not None
+        in_force = read_edits(self.app.control.run_dir).values
         edited = "  ".join(f"{k}={v}" for k, v in in_force.items()) or "none yet"
         keys = ", ".join(f"{key} ({role})" for key, role in EDITABLE.items())
         with Vertical(id="edit-dialog", classes="dialog"):
@@ -49,10 +49,10 @@ class LiveEditScreen(ModalScreen[dict[str, Any] | None]):
     def submit(self, event: Input.Submitted) -> None:
         event.stop()
         result = self.query_one("#edit-result", Static)
-        assert self.app.supervisor is not None
+        assert self.app.control is not None
         try:
             values = parse_assignments(event.value.split())
-            applied = self.app.supervisor.edit(values)
+            applied = self.app.control.edit(values)
         except ValueError as error:
             result.update(f"[red]refused:[/] {error}")
             return

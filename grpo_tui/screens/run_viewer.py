@@ -1,4 +1,5 @@
-"""The read-only dashboard of a finished run (``grpo-tui view runs/<run>/``).
+"""The read-only dashboard of a finished run (``grpo-tui view runs/<run>/``), or of a
+followed one whose supervisor does not answer (``grpo-tui attach``, with the reason).
 
 The same header, table and charts as the live dashboard, drawn from the run's files, with
 a summary line instead of actions: how the run ended and what was recorded.
@@ -6,6 +7,7 @@ a summary line instead of actions: how the run ended and what was recorded.
 
 from __future__ import annotations
 
+from rich.markup import escape
 from textual.app import ComposeResult
 from textual.widgets import Static
 
@@ -32,4 +34,6 @@ class RunViewerScreen(DashboardScreen):
         ]
         if failed:
             parts.append(f"[b red]failed: {', '.join(failed)}[/]")
+        if self.app.notice:
+            parts.append(f"[b yellow]{escape(self.app.notice)}[/]")
         return " · ".join(parts)

@@ -14,7 +14,7 @@ import os
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -816,14 +816,27 @@ class Supervisor:
             return {"processes": {name: str(s.state) for name, s in self.status().items()}}
         if action == "edit":
             return self.edit(args)
-        if action == "restart":
-            if target is None:
-                raise ValueError("restart needs a target process")
-            name = target if target in self._entries else self._by_role(target)
-            await self.restart(name, args=args or None)
-            status = self._status(self._entries[name])
-            return {"process": name, "state": str(status.state), "pid": status.pid}
-        raise ValueError(f"unknown action {action!r} (known: edit, restart, status)")
+        if action == "switch_mode":
+            mode = args.get("mode")
+            if not isinstance(mode, str):
+                raise ValueError("switch_mode needs args.mode, a mode name")
+            await self.switch_mode(mode)
+            return {"mode": mode}
+        operations: dict[str, Callable[[str], Awaitable[None]]] = {
+            "restart": lambda name: self.restart(name, args=args or None),
+            "stop": self.stop,
+            "start": self.start,
+            "kill": self.kill,
+        }
+        if action not in operations:
+            known = ", ".join(sorted(["edit", "status", "switch_mode", *operations]))
+            raise ValueError(f"unknown action {action!r} (known: {known})")
+        if target is None:
+            raise ValueError(f"{action} needs a target process")
+        name = target if target in self._entries else self._by_role(target)
+        await operations[action](name)
+        status = self._status(self._entries[name])
+        return {"process": name, "state": str(status.state), "pid": status.pid}
 
     def _identify(self, pid: int) -> str | None:
         """Which process a control-socket peer belongs to (itself or a descendant)."""
