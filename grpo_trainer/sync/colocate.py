@@ -184,10 +184,10 @@ class VllmColocateSync(ColocateSharedSync):
         """vLLM's smallest unfused parameter must equal the trainer's after a push."""
         layout = self.client.post("/collective_rpc", json={"method": "grpo_weight_layout"})
         ours = dict(model.named_parameters())
-        name = min(
-            (entry[0] for entry in layout.json()["results"][0] if entry[0] in ours),
-            key=lambda key: ours[key].numel(),
-        )
+        common = [entry[0] for entry in layout.json()["results"][0] if entry[0] in ours]
+        if not common:
+            raise SyncError("vLLM and the trainer share no parameter name to check the load by")
+        name = min(common, key=lambda key: ours[key].numel())
         answer = self.client.post(
             "/collective_rpc", json={"method": "grpo_parameter_values", "args": [name]}
         )
