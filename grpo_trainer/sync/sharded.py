@@ -65,8 +65,9 @@ class ShardedSync(WeightSync):
             raise ValueError("rank 0 needs the mode's strategy")
         if mode == "colocate":
             raise SyncError(
-                "colocate with a multi-GPU trainer is not supported: vLLM's IPC transfer takes "
-                "whole tensors on one GPU; use shared_vllm with vLLM on other GPUs"
+                "colocate with a multi-GPU trainer is not built yet (one vLLM replica per "
+                "rank's GPU, each loaded from the gathered weights: docs/inference.md); use "
+                "shared_vllm with vLLM on other GPUs"
             )
         if mode == "shared_vllm" and context.backend != "vllm":
             raise SyncError(
