@@ -1,0 +1,776 @@
+"""GRPO at a real workload on one GPU: the floor, grpo-tui and TRL side by side (issue 15).
+
+A GSM8K-shaped step with no downloads: a Qwen2.5-0.5B or 1.5B shape at random init (real
+vocabulary of 151,936, bf16), ``--prompts`` 64 x ``--group-size`` 8 sequences per step,
+128-token prompts and 256-token completions of fixed length (``ignore_eos`` everywhere, so
+every system does the same work), one synthetic reward (``workload_task.digit_share``).
+Everything of one size runs on the one GPU ``--device cuda:N`` names, one part after the
+other, in priority order, each inside what is left of ``--budget``:
+
+  a. floor     vLLM generating the batch alone (one server start; the batch sent as our
+               environments send it: 64 concurrent requests, n = 8) and our trainer step
+               alone on that batch (``python -m grpo_trainer.train --batches-file``)
+  b. sync      ``grpo-tui run``, ``shared_vllm``, ``max_batches_offpolicy = 0`` (synchronous)
+  c. trl       TRL ``GRPOTrainer`` with vLLM colocate (``trl_workload.py``), same settings
+  d. overlap   ``grpo-tui run``, ``shared_vllm``, ``max_batches_offpolicy = 1`` (one step
+               of overlap: the next batch is generated while this one trains)
+  e. lora      ``grpo-tui run``, ``lora_only``, synchronous
+  f. trl-server  TRL's vLLM server mode: not run on one GPU (its NCCL weight transfer
+               needs the server on a GPU of its own), said so in the table
+  g. colocate  ``grpo-tui run``, ``colocate``
+
+A part that does not fit in what is left is written "not run: out of time", never dropped.
+Step times are wall-clock intervals between consecutive optimizer steps (the first step is
+warm-up and not counted), so generation, data wait, training and sync are all inside;
+end-to-end tokens/s = completion tokens per step / step time. GPU memory is the GPU's peak
+used memory during the part (NVML; the GPU holds nothing else).
+
+    python benchmarks/gpu_workload.py --size 0.5b --device cuda:0 --out OUT --budget 510
+    python benchmarks/gpu_workload.py --size 0.5b --out /tmp/w --dry-run     # profiles, check
+    python benchmarks/gpu_workload.py --quick --out /tmp/w                   # CPU, tiny
+    python benchmarks/gpu_workload.py --combine OUT/gpu_workload_*.json > results.md
+
+Writes ``gpu_workload_<size>.md`` and ``.json`` to ``--out`` (and ``work-<size>/`` with
+the run directories and logs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import tomli_w
+from gpu_modes import _lines, facts, free_ports, run_id_of, sweep, tail, vllm_cli
+from model_shapes import qwen2_config
+from workload_task import PROMPT_CHARS, Workload
+
+REPO = Path(__file__).resolve().parents[1]
+TASK = "benchmarks.workload_task:Workload"
+SIZES = {"0.5b": ("qwen2.5-0.5b", 32), "1.5b": ("qwen2.5-1.5b", 16)}
+"""Size -> (shape in model_shapes.py, sequences per micro-batch: activations of one
+micro-batch without gradient checkpointing stay well under the GPU beside vLLM)."""
+MIB = 1024 * 1024
+PARTS = ("floor", "sync", "trl", "overlap", "lora", "trl-server", "colocate")
+NEEDS = {"floor": 120, "sync": 90, "trl": 120, "overlap": 90, "lora": 90, "colocate": 90}
+"""Seconds a part needs at least (start-ups included) to be worth starting."""
+TRL_SERVER_REASON = (
+    "not run: TRL's server mode pushes weights over NCCL from the trainer to the server, "
+    "and NCCL refuses two ranks on one GPU; each size has one GPU here"
+)
+
+
+@dataclass
+class Part:
+    """One measured part: its step times and what it used, or why it has none."""
+
+    part: str
+    system: str
+    status: str = "not run: out of time"
+    reason: str = ""
+    step_times: list[float] = field(default_factory=list)
+    startup_s: float | None = None
+    gpu_peak_mib: float | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def step(self) -> float | None:
+        """Median step time, warm-up excluded (``step_times`` hold measured steps only)."""
+        return statistics.median(self.step_times) if self.step_times else None
+
+
+# ------------------------------------------------------------------------- setup
+
+
+def build_model(path: Path, shape: str, device: str) -> int:
+    """Random Qwen2 ``shape`` in bf16 and a tokenizer padded to its vocabulary; parameters."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from grpo_trainer.models import build_tiny_tokenizer
+
+    config = qwen2_config(shape, max_position_embeddings=1024)
+    tokenizer = build_tiny_tokenizer(vocab_size=config.vocab_size)
+    config.bos_token_id = config.eos_token_id = tokenizer.eos_token_id
+    config.pad_token_id = tokenizer.pad_token_id
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    count = sum(p.numel() for p in model.parameters())
+    del model
+    torch.cuda.empty_cache()  # a no-op on CPU
+    return count
+
+
+class GpuPeak:
+    """Peak used memory of one GPU (NVML, physical index) while the ``with`` block runs."""
+
+    def __init__(self, index: int | None) -> None:
+        self.index = index
+        self.peak: float | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> GpuPeak:
+        if self.index is None:
+            return self
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+        except Exception:
+            return self
+
+        def sample() -> None:
+            while not self._stop.is_set():
+                used = pynvml.nvmlDeviceGetMemoryInfo(handle).used / MIB
+                self.peak = max(self.peak or 0.0, used)
+                self._stop.wait(0.25)
+
+        self._thread = threading.Thread(target=sample, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+
+def gpu_used_mib(index: int | None) -> float | None:
+    """Used memory of one GPU now (NVML); None without NVML or GPU."""
+    if index is None:
+        return None
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used / MIB
+    except Exception:
+        return None
+
+
+def wait_gpu_free(index: int | None, baseline: float | None, timeout: float = 45.0) -> float:
+    """Wait until the GPU is back near ``baseline`` (the last part's processes are gone and
+    the driver freed their memory: vLLM refuses to start on a GPU with too little free
+    memory); returns the seconds waited."""
+    began = time.monotonic()
+    while baseline is not None and time.monotonic() - began < timeout:
+        used = gpu_used_mib(index)
+        if used is None or used < baseline + 1024:
+            break
+        time.sleep(0.5)
+    return time.monotonic() - began
+
+
+def child_env(args: argparse.Namespace) -> dict[str, str]:
+    """Our processes' environment: this size's GPU only, multicast off, few CPU threads."""
+    env = dict(os.environ)
+    if args.gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
+        env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    env |= {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
+    env |= {"NVSHMEM_DISABLE_NVLS": "1", "PYTHONUNBUFFERED": "1"}
+    env.setdefault("OMP_NUM_THREADS", "4")
+    env.setdefault("TOKENIZERS_PARALLELISM", "false")
+    paths = [str(REPO), str(REPO / "benchmarks"), env.get("PYTHONPATH", "")]
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    return env
+
+
+def stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGKILL the process group we started (``start_new_session``) and reap it."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+# ----------------------------------------------------------------- settings of a run
+
+
+def inference_table(args: argparse.Namespace, port: int) -> dict[str, Any]:
+    """``[inference]`` for this size (also the floor's server)."""
+    table: dict[str, Any] = {"backend": args.backend, "port": port, "dtype": args.dtype}
+    table["max_model_len"] = args.prompt_len + args.completion_len + 64
+    if args.backend == "vllm":
+        table |= {
+            "gpus": [args.gpu],
+            "gpu_memory_utilization": args.vllm_memory,
+            "enforce_eager": args.enforce_eager,
+            "vllm_executable": vllm_cli(),
+            "max_lora_rank": 16,
+            # A fixed KV cache: no free-memory profiling beside the trainer, and room for
+            # the whole batch (prompts x group x (prompt + completion)) at once.
+            "extra_args": ["--kv-cache-memory-bytes", str(args.kv_cache_gib * 1024 * MIB)],
+        }
+    else:
+        table["device"] = args.device
+    return table
+
+
+def trainer_table(args: argparse.Namespace, mode: str) -> dict[str, Any]:
+    """``[trainer]``: the loss, batch and optimizer TRL gets too."""
+    batch = args.prompts * args.group_size
+    table: dict[str, Any] = {
+        "device": "cuda" if args.gpu is not None else args.device,
+        "dtype": args.dtype,
+        "lr": args.lr,
+        "loss_type": "grpo",
+        "clip_eps": args.clip_eps,
+        "beta": 0.0,
+        "training_steps": 1000,  # stopped after --steps steps (no final checkpoint)
+        "batch_size": args.micro,
+        "gradient_accumulation_steps": batch // args.micro,
+        "seq_len": args.prompt_len + args.completion_len,
+        "checkpoint_interval": 1000,
+        "sync_every": 1,
+        "max_sync_lag": 1,
+    }
+    if args.gpu is not None:
+        table["gpus"] = [args.gpu]
+    if mode == "lora_only":
+        table |= {"lora_r": 16, "lora_alpha": 32, "lora_target_modules": ["q_proj", "v_proj"]}
+    return table
+
+
+def profile_for(
+    args: argparse.Namespace, part: str, mode: str, bound: int, ports: list[int], runs: Path
+) -> dict[str, Any]:
+    """The profile of one grpo-tui part."""
+    return {
+        "run": {"name": part, "mode": mode, "model": str(args.model), "output_dir": str(runs)},
+        "api": {"port": ports[0], "max_batches_offpolicy": bound},
+        "inference": inference_table(args, ports[1]),
+        "trainer": trainer_table(args, mode),
+        "env": [
+            {
+                "task": TASK,
+                "group_size": args.group_size,
+                "max_concurrency": args.prompts,  # the whole batch in flight, as TRL does
+                "max_tokens": args.completion_len,
+                "ignore_eos": True,
+                "temperature": 1.0,
+                "max_token_length": args.prompt_len + args.completion_len,
+            }
+        ],
+    }
+
+
+GRPO_PARTS = {
+    "sync": ("shared_vllm", 0),
+    "overlap": ("shared_vllm", 1),
+    "lora": ("lora_only", 0),
+    "colocate": ("colocate", 0),
+}
+
+
+# ---------------------------------------------------------------------- the parts
+
+
+def trainer_steps(path: Path) -> list[dict[str, Any]]:
+    """The trainer's optimizer-step records of a metrics file, in step order."""
+    records = [
+        r
+        for r in _lines(path)
+        if r.get("type") == "metrics" and r.get("step") and "step_time" in r.get("data", {})
+    ]
+    return sorted(records, key=lambda r: r["step"])
+
+
+def intervals(records: list[dict[str, Any]]) -> list[float]:
+    """Wall time of each step after the first: the gaps between step records."""
+    times = [float(r["t"]) for r in records]
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
+def floor_generate(args: argparse.Namespace, work: Path, result: Part, deadline: float) -> Path:
+    """Serve the model alone and time ``--floor-reps`` generations of one batch; returns a
+    batches file holding that batch ``--steps`` times, for the trainer-alone half."""
+    from grpo_trainer.envs.groups import build_group
+    from grpo_trainer.envs.inference import SamplingRequest, complete
+    from grpo_trainer.envs.task import Prompt
+    from grpo_trainer.envs.tokenizer import load_prompt_tokenizer
+    from grpo_trainer.serve.launch import ServerProcess
+    from grpo_trainer.serve.settings import InferenceSettings, inference_command
+
+    port = free_ports(1, first=23000 + 100 * (args.gpu or 0))[0]
+    table = {k: v for k, v in inference_table(args, port).items() if k != "gpus"}
+    settings = InferenceSettings.model_validate(table)
+    launch = inference_command(settings, mode="none", model=str(args.model))
+    launch = launch.model_copy(update={"env": {**launch.env, **_gpu_env(args)}})
+    server = ServerProcess(launch, settings.base_url, work / "floor-server.log")
+    tokenizer = load_prompt_tokenizer(str(args.model))
+    task = Workload(seed=0)
+    rng = random.Random(1)
+    prompts = [tokenizer.encode(task.sample(rng).text) for _ in range(args.prompts)]
+    result.extra["prompt_tokens"] = sorted({len(p) for p in prompts})
+    request = SamplingRequest("policy", args.group_size, args.completion_len, 1.0, 1.0, True)
+
+    async def batch() -> list[list[Any]]:
+        import httpx
+
+        limits = httpx.Limits(max_connections=args.prompts)
+        async with httpx.AsyncClient(
+            base_url=settings.base_url, timeout=600, limits=limits
+        ) as client:
+            return await asyncio.gather(*(complete(client, p, request) for p in prompts))
+
+    result.startup_s = server.start(timeout=max(60.0, deadline - time.monotonic() - 30))
+    try:
+        times, samples = [], []
+        for _ in range(args.floor_reps):
+            if time.monotonic() > deadline - 20:
+                break
+            began = time.perf_counter()
+            samples = asyncio.run(batch())
+            times.append(time.perf_counter() - began)
+    finally:
+        server.stop()
+    result.extra["generate_all_s"] = times
+    result.extra["generate_s"] = statistics.median(times[1:]) if len(times) > 1 else None
+    lengths = [len(s.token_ids) for group in samples for s in group]
+    result.extra["completion_tokens"] = [min(lengths, default=0), max(lengths, default=0)]
+    lines = []
+    for ids, group in zip(prompts, samples, strict=True):
+        scores = [task.score(Prompt(), tokenizer.decode(s.token_ids)) for s in group]
+        built = build_group(ids, group, scores, temperature=1.0, policy_version=0)
+        lines.append(json.dumps(built.payload(env_id=None)))
+    path = work / "floor-batches.jsonl"
+    path.write_text("\n".join(lines * (args.steps + 1)) + "\n")
+    return path
+
+
+def _gpu_env(args: argparse.Namespace) -> dict[str, str]:
+    env = child_env(args)
+    keys = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", "NCCL_NVLS_ENABLE")
+    keys += ("TORCH_SYMM_MEM_DISABLE_MULTICAST", "NVSHMEM_DISABLE_NVLS")
+    return {k: env[k] for k in keys if k in env}
+
+
+def floor_train(
+    args: argparse.Namespace, work: Path, batches: Path, result: Part, deadline: float
+) -> None:
+    """Our trainer alone on the floor's batch: ``--steps`` steps, then stopped."""
+    table = trainer_table(args, "none")
+    table.pop("gpus", None)
+    table |= {"sync_every": 0, "max_sync_lag": 0, "group_size": args.group_size}
+    metrics = work / "floor-trainer-metrics.jsonl"
+    argv = [sys.executable, "-m", "grpo_trainer.train", "--model-name", str(args.model)]
+    for key, value in table.items():
+        argv += [f"--{key.replace('_', '-')}", str(value)]
+    argv += ["--batches-file", str(batches), "--metrics-file", str(metrics)]
+    argv += ["--save-path", str(work / "floor-checkpoints"), "--weight-bridge-mode", "none"]
+    result.extra["trainer_argv"] = argv[2:]
+    with (work / "floor-trainer.log").open("wb") as log:
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(args), cwd=REPO,
+            start_new_session=True,
+        )  # fmt: skip
+    try:
+        while proc.poll() is None and time.monotonic() < deadline:
+            if len(trainer_steps(metrics)) >= args.steps:
+                break
+            time.sleep(0.5)
+    finally:
+        stop_group(proc)
+    records = trainer_steps(metrics)
+    result.extra["train_s_all"] = intervals(records)
+    result.extra["train_compute_s"] = [float(r["data"]["step_time"]) for r in records]
+    result.extra["train_s"] = statistics.median(intervals(records)) if len(records) > 1 else None
+    result.extra["trainer_peak_gb"] = max(
+        (float(r["data"].get("peak_memory_gb", 0)) for r in records), default=None
+    )
+    if not records:
+        result.reason = f"trainer exit {proc.returncode}: {tail(work / 'floor-trainer.log', 15)}"
+
+
+def run_floor(args: argparse.Namespace, work: Path, deadline: float) -> Part:
+    result = Part("floor", "vLLM alone + our trainer alone")
+    with GpuPeak(args.gpu) as peak:
+        batches = floor_generate(args, work, result, deadline - 60)
+        floor_train(args, work, batches, result, deadline)
+    result.gpu_peak_mib = peak.peak
+    gen, train = result.extra.get("generate_s"), result.extra.get("train_s")
+    if gen is not None and train is not None:
+        result.status = "ok"
+        result.extra["sum_s"], result.extra["max_s"] = gen + train, max(gen, train)
+        result.step_times = [gen + train]
+    else:
+        result.status = "failed"
+    return result
+
+
+def run_grpo(args: argparse.Namespace, part: str, work: Path, deadline: float) -> Part:
+    """One ``grpo-tui run`` until ``--steps`` optimizer steps, then SIGKILL and sweep."""
+    mode, bound = GRPO_PARTS[part]
+    label = f"grpo-tui {mode}, " + ("synchronous" if bound == 0 else f"{bound} step overlap")
+    result = Part(part, label)
+    cell = work / part
+    cell.mkdir(parents=True, exist_ok=True)
+    ports = free_ports(2, first=21000 + 1000 * (args.gpu or 0) + 10 * PARTS.index(part))
+    profile = cell / "profile.toml"
+    profile.write_text(tomli_w.dumps(profile_for(args, part, mode, bound, ports, cell / "runs")))
+    command = [sys.executable, "-m", "grpo_tui", "run", str(profile), "--json"]
+    started = time.time()
+    run_id = ""
+    with GpuPeak(args.gpu) as peak:
+        with (
+            (cell / "supervisor.jsonl").open("wb") as out,
+            (cell / "supervisor.err").open("wb") as err,
+        ):
+            proc = subprocess.Popen(
+                command, stdout=out, stderr=err, cwd=REPO, env=child_env(args),
+                start_new_session=True,
+            )  # fmt: skip
+        supervisor = psutil.Process(proc.pid)
+        records: list[dict[str, Any]] = []
+        try:
+            while proc.poll() is None and time.monotonic() < deadline:
+                run_id = run_id or run_id_of(supervisor)
+                runs = sorted((cell / "runs").glob("*/"))
+                records = trainer_steps(runs[-1] / "metrics.jsonl") if runs else []
+                if len(records) >= args.steps:
+                    break
+                time.sleep(0.5)
+        finally:
+            stop_group(proc)  # no final checkpoint: the run is measured, not kept
+            result.extra["leftovers"] = sweep(run_id, wait=10.0)
+    result.gpu_peak_mib = peak.peak
+    runs = sorted((cell / "runs").glob("*/"))
+    records = trainer_steps(runs[-1] / "metrics.jsonl") if runs else []
+    result.step_times = intervals(records)
+    if records:
+        result.startup_s = float(records[0]["t"]) - started  # to the first step's end
+        data = [r["data"] for r in records]
+        for key in ("step_time", "data_wait_time", "sync_time", "off_policy_lag"):
+            result.extra[key] = [float(d[key]) for d in data if key in d]
+        result.extra["completion_len"] = [float(d.get("completion_len/mean", 0)) for d in data]
+        result.extra["trainer_peak_gb"] = max(float(d.get("peak_memory_gb", 0)) for d in data)
+    if len(records) >= 2:
+        result.status = "ok" if len(records) >= args.steps else "partial: out of time"
+    else:
+        result.status = "failed" if proc.returncode not in (None, -9) else "timeout"
+        logs = sorted(runs[-1].glob("logs/*.log")) if runs else []
+        result.reason = " | ".join(
+            f"{p.name}: {tail(p, 6)}" for p in [cell / "supervisor.err", *logs] if tail(p, 1)
+        )[-3000:]
+    return result
+
+
+def run_trl(args: argparse.Namespace, work: Path, deadline: float) -> Part:
+    """TRL GRPOTrainer with vLLM colocate (``trl_workload.py``) in its own process group."""
+    result = Part("trl", "TRL GRPOTrainer, vLLM colocate")
+    out = work / "trl.json"
+    argv = [sys.executable, str(REPO / "benchmarks/trl_workload.py"), "--model", str(args.model)]
+    argv += ["--out", str(out), "--prompts", str(args.prompts)]
+    argv += ["--group-size", str(args.group_size), "--prompt-len", str(args.prompt_len)]
+    argv += ["--completion-len", str(args.completion_len), "--micro-batch", str(args.micro)]
+    argv += ["--steps", str(args.steps), "--lr", str(args.lr), "--clip-eps", str(args.clip_eps)]
+    argv += ["--vllm-gpu-memory-utilization", str(args.trl_vllm_memory)]
+    if args.backend != "vllm":
+        argv.append("--no-vllm")
+    with GpuPeak(args.gpu) as peak, (work / "trl.log").open("wb") as log:
+        proc = subprocess.Popen(
+            argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(args), cwd=REPO,
+            start_new_session=True,
+        )  # fmt: skip
+        try:
+            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+        finally:
+            stop_group(proc)
+    result.gpu_peak_mib = peak.peak
+    record: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        record = json.loads(out.read_text())
+    times = [float(t) for t in record.get("step_times", [])]
+    result.step_times = times[1:]
+    result.startup_s = record.get("init_s")
+    result.extra = {k: record.get(k) for k in ("trl", "datasets", "config", "prompt_tokens")}
+    result.extra["completion_len"] = record.get("completion_mean_length")
+    result.extra["peak_memory_gb"] = record.get("peak_memory_gb")
+    if record.get("status") == "ok" and result.step_times:
+        result.status = "ok"
+    elif result.step_times:
+        result.status = "partial: out of time"
+    else:
+        result.status = "failed" if proc.returncode not in (None, -9) else "timeout"
+        result.reason = record.get("error") or tail(work / "trl.log", 12)
+        result.extra["traceback"] = record.get("traceback")
+    return result
+
+
+# ------------------------------------------------------------------------- report
+
+
+def _s(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.2f}"
+
+
+def tokens_per_s(args: argparse.Namespace, seconds: float | None) -> float | None:
+    """Completion tokens per step over the step time."""
+    if not seconds:
+        return None
+    return args.prompts * args.group_size * args.completion_len / seconds
+
+
+def markdown(args: argparse.Namespace, parts: list[Part], info: dict[str, str]) -> str:
+    """This size's section of the results file."""
+    floor = next((p for p in parts if p.part == "floor"), None)
+    fsum = floor.extra.get("sum_s") if floor else None
+    fmax = floor.extra.get("max_s") if floor else None
+    engine = f"vLLM {'eager' if args.enforce_eager else 'with CUDA graphs'}"
+    engine = engine if args.backend == "vllm" else "built-in inference server (CPU check)"
+    lines = [
+        f"## {args.shape} at random init ({args.params / 1e9:.2f} B parameters), "
+        f"{info.get('device', '?')}, " + ("CPU" if args.gpu is None else f"GPU {args.gpu}"),
+        "",
+        f"- date {info.get('date')}; torch {info.get('torch')}, transformers "
+        f"{info.get('transformers')}, vLLM {info.get('vllm')}, TRL {info.get('trl', '?')}, "
+        f"peft {info.get('peft')}, python {info.get('python')}",
+        f"- step: {args.prompts} prompts x {args.group_size} = "
+        f"{args.prompts * args.group_size} sequences, {args.prompt_len}-token prompts, "
+        f"{args.completion_len}-token completions (ignore_eos), {args.dtype}, AdamW lr "
+        f"{args.lr:g}, loss grpo, clip {args.clip_eps}, beta 0, micro-batch {args.micro} x "
+        f"{args.prompts * args.group_size // args.micro} accumulation, no gradient "
+        f"checkpointing; {engine}; "
+        f"{args.steps} steps per run, the first not counted",
+        "",
+        "| part | system | status | steps counted | step time median (s) | end-to-end "
+        "completion tok/s | vs floor | GPU peak MiB | start-up s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for p in parts:
+        step = p.step
+        versus = "n/a"
+        if step and p.part in ("sync", "lora", "colocate", "trl") and fsum:
+            versus = f"{step / fsum:.2f}x sum"
+        elif step and p.part == "overlap" and fmax:
+            versus = f"{step / fmax:.2f}x max"
+        elif p.part == "floor" and fsum:
+            versus = f"sum {fsum:.2f} s, max {_s(fmax)} s"
+        rate = tokens_per_s(args, step)
+        status = p.status if not p.reason else f"{p.status}: {p.reason[:300]}"
+        status = status.replace("|", "/").replace("\n", " ")
+        lines.append(
+            f"| {p.part} | {p.system} | {status} | {len(p.step_times)} | {_s(step)} | "
+            f"{'n/a' if rate is None else f'{rate:,.0f}'} | {versus} | "
+            f"{'n/a' if p.gpu_peak_mib is None else f'{p.gpu_peak_mib:,.0f}'} | "
+            f"{_s(p.startup_s)} |"
+        )
+    if floor is not None:
+        lines += [
+            "",
+            f"Floor: generation alone {_s(floor.extra.get('generate_s'))} s "
+            f"(runs {[round(t, 2) for t in floor.extra.get('generate_all_s', [])]}, the "
+            f"first not counted; completion tokens min/max "
+            f"{floor.extra.get('completion_tokens')}), trainer alone "
+            f"{_s(floor.extra.get('train_s'))} s (its compute per step "
+            f"{[round(t, 2) for t in floor.extra.get('train_compute_s', [])]}).",
+        ]
+    lines += ["", *verdicts(args, parts, fsum, fmax)]
+    return "\n".join(lines) + "\n"
+
+
+def verdicts(
+    args: argparse.Namespace, parts: list[Part], fsum: float | None, fmax: float | None
+) -> list[str]:
+    """The issue's numbers to reach, each with the measured value or why there is none."""
+    by = {p.part: p for p in parts}
+    out = ["Numbers to reach:", ""]
+
+    def line(goal: str, value: float | None, limit: float, ok: bool | None) -> None:
+        got = "not measured" if value is None else f"{value:.2f}"
+        mark = "n/a" if ok is None else ("met" if ok else "NOT met")
+        out.append(f"- {goal}: {got} (goal {limit}) -> {mark}")
+
+    sync, overlap, trl = by.get("sync"), by.get("overlap"), by.get("trl")
+    ratio = sync.step / fsum if sync and sync.step and fsum else None
+    line("sync step / floor sum", ratio, 1.15, None if ratio is None else ratio <= 1.15)
+    ratio = overlap.step / fmax if overlap and overlap.step and fmax else None
+    line("overlap step / floor max", ratio, 1.15, None if ratio is None else ratio <= 1.15)
+    ours = min((p.step for p in (sync, overlap) if p and p.step), default=None)
+    ratio = trl.step / ours if trl and trl.step and ours else None
+    line(
+        "grpo-tui shared_vllm tok/s / TRL tok/s",
+        ratio,
+        1.3,
+        None if ratio is None else ratio >= 1.3,
+    )
+    return out
+
+
+def combine(paths: list[Path]) -> str:
+    """One results file from the per-size JSON files."""
+    texts = [json.loads(p.read_text())["markdown"] for p in paths]
+    head = [
+        "# GRPO at a real workload: floor, grpo-tui and TRL (benchmarks/gpu_workload.py)",
+        "",
+        "Each size measured on its own GPU, all its parts one after the other in one call "
+        "(`benchmarks/gpu_workload_device.sh`). Step time = wall time between consecutive "
+        "optimizer steps (generation, data wait, training, sync), the first step excluded; "
+        "tokens/s = completion tokens per step / step time.",
+        "",
+    ]
+    return "\n".join(head) + "\n".join(texts)
+
+
+# --------------------------------------------------------------------------- main
+
+
+def dry_run(args: argparse.Namespace, work: Path) -> int:
+    """Write every grpo-tui part's profile and ``grpo-tui check`` it; print the TRL argv."""
+    failures = 0
+    for part in GRPO_PARTS:
+        mode, bound = GRPO_PARTS[part]
+        profile = work / part / "profile.toml"
+        profile.parent.mkdir(parents=True, exist_ok=True)
+        ports = free_ports(2, first=21000 + 10 * PARTS.index(part))
+        profile.write_text(tomli_w.dumps(profile_for(args, part, mode, bound, ports, work)))
+        done = subprocess.run(
+            [sys.executable, "-m", "grpo_tui", "check", str(profile)],
+            capture_output=True, text=True, cwd=REPO, env=child_env(args),
+        )  # fmt: skip
+        failures += done.returncode != 0
+        print(f"== {part}: check exit {done.returncode}\n{done.stdout[-1500:]}{done.stderr}")
+    return 1 if failures else 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=list(SIZES), default="0.5b")
+    parser.add_argument("--device", default="cuda:0", help="cuda:N (physical index) or cpu")
+    parser.add_argument("--out", type=Path, help="results folder")
+    parser.add_argument("--budget", type=float, default=510.0, help="seconds for every part")
+    parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
+    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per run")
+    parser.add_argument("--floor-reps", type=int, default=3, help="floor generations")
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--completion-len", type=int, default=256)
+    parser.add_argument("--micro", type=int, default=None, help="sequences per micro-batch")
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--clip-eps", type=float, default=0.2)
+    parser.add_argument("--enforce-eager", action="store_true", help="vLLM without graphs")
+    parser.add_argument("--vllm-memory", type=float, default=0.3, help="gpu_memory_utilization")
+    parser.add_argument("--kv-cache-gib", type=int, default=16)
+    parser.add_argument("--trl-vllm-memory", type=float, default=0.3)
+    parser.add_argument("--quick", action="store_true", help="CPU: built-in server, tiny shape")
+    parser.add_argument("--dry-run", action="store_true", help="profiles + grpo-tui check only")
+    parser.add_argument("--combine", nargs="+", type=Path, help="per-size JSON files to merge")
+    args = parser.parse_args(argv)
+    if args.combine:
+        return args
+    if args.out is None:
+        parser.error("--out is required")
+    shape, micro = SIZES[args.size]
+    args.shape, args.micro = (
+        ("small", args.micro or 4) if args.quick else (shape, args.micro or micro)
+    )
+    args.backend = "builtin" if args.quick and not args.dry_run else "vllm"
+    if args.backend == "builtin":
+        args.device = "cpu"
+    if args.quick:
+        args.completion_len = min(args.completion_len, 8)
+        args.prompts, args.steps, args.floor_reps = min(args.prompts, 2), min(args.steps, 3), 2
+    args.prompt_len = PROMPT_CHARS  # the task's prompts: one token per character
+    args.dtype = "float32" if args.device == "cpu" else "bfloat16"
+    head, _, index = args.device.partition(":")
+    args.gpu = int(index or 0) if head == "cuda" else None
+    if args.dry_run and args.gpu is None:
+        args.gpu = 0
+    if (args.prompts * args.group_size) % args.micro:
+        parser.error(f"--micro {args.micro} does not divide the batch")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.combine:
+        print(combine(args.combine), end="")
+        return 0
+    began = time.monotonic()
+    end = began + args.budget
+    out: Path = args.out.resolve()
+    work = out / f"work-{args.size}"
+    work.mkdir(parents=True, exist_ok=True)
+    info = facts(args)
+    with contextlib.suppress(Exception):
+        import importlib.metadata
+
+        info["trl"] = importlib.metadata.version("trl")
+    args.model = work / "model"
+    device = "cpu" if args.gpu is None or args.dry_run else f"cuda:{args.gpu}"
+    if args.gpu is not None and not args.dry_run:
+        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    args.params = build_model(args.model, args.shape, device)
+    print(f"gpu_workload {args.size}: model {args.params / 1e9:.2f} B built in "
+          f"{time.monotonic() - began:.0f} s; {info}", flush=True)  # fmt: skip
+    if args.dry_run:
+        return dry_run(args, work)
+    parts: list[Part] = []
+    baseline = gpu_used_mib(args.gpu)
+    for name in args.parts:
+        waited = wait_gpu_free(args.gpu, baseline)
+        if waited > 1:
+            print(f"gpu_workload {args.size}: waited {waited:.0f} s for GPU memory", flush=True)
+        left = end - time.monotonic()
+        if name == "trl-server":
+            parts.append(Part(name, "TRL GRPOTrainer, vLLM server", status=TRL_SERVER_REASON))
+            continue
+        if left < NEEDS[name] and not args.quick:
+            parts.append(Part(name, name, status=f"not run: out of time ({left:.0f} s left)"))
+            continue
+        print(f"gpu_workload {args.size}: {name} with {left:.0f} s left", flush=True)
+        try:
+            if name == "floor":
+                result = run_floor(args, work, end)
+            elif name == "trl":
+                result = run_trl(args, work, end)
+            else:
+                result = run_grpo(args, name, work, end)
+        except Exception as error:  # one broken part must not cost the others
+            result = Part(name, name, status="error", reason=f"{type(error).__name__}: {error}")
+        print(f"gpu_workload {args.size}: {name} {result.status} steps {result.step_times}",
+              flush=True)  # fmt: skip
+        parts.append(result)
+        (out / f"gpu_workload_{args.size}.json").write_text(
+            json.dumps({"parts": [asdict(p) for p in parts]}, indent=1, default=str)
+        )
+    text = markdown(args, parts, info)
+    raw = {
+        "facts": info,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "parts": [asdict(p) for p in parts],
+        "markdown": text,
+    }
+    (out / f"gpu_workload_{args.size}.json").write_text(json.dumps(raw, indent=1, default=str))
+    (out / f"gpu_workload_{args.size}.md").write_text(text)
+    print(text, flush=True)
+    print(f"gpu_workload {args.size}: done in {time.monotonic() - began:.0f} s", flush=True)
+    return 0 if all(p.status == "ok" for p in parts if p.part != "trl-server") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

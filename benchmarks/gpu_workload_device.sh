@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# ONE device call (kind nvidia-h200-x2): benchmarks/gpu_workload.py for the Qwen2.5-0.5B
+# shape on GPU 0 and the 1.5B shape on GPU 1, at the same time, each size measured
+# entirely on its own GPU (every process of a size gets CUDA_VISIBLE_DEVICES of its GPU;
+# the profiles pin trainer and vLLM there with `gpus`). Everything ends inside GPU_TOTAL
+# (default 570 s; the call's limit is 600).
+# Before: the vLLM parts in /root/vv/part-* (docs/gpu.md), and here: .whl (tomli_w) and
+# .trl-wheels (benchmarks/trl_wheels.sh), carried with the call.
+# Call:   run(command="bash benchmarks/gpu_workload_device.sh", carry=[".whl", ".trl-wheels"],
+#             kind="nvidia-h200-x2", timeout_s=600)
+# Out:    gpu_workload.md (both sizes: the results file), gpu_workload_0.5b.md,
+#         gpu_workload_1.5b.md, gpu_workload.log (the console), all.tar.gz (per size: JSON,
+#         console, profiles, metrics, logs). Extra gpu_workload.py flags: GPU_WORKLOAD_ARGS.
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu_out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/gpu_workload.log") 2>&1
+TOTAL=${GPU_TOTAL:-570}
+source benchmarks/gpu_setup.sh
+if ! python3 -c "import trl, datasets" 2>/dev/null; then  # a warm machine may have them
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    .trl-wheels/*.whl || echo "gpu_workload_device: TRL wheels not installed; its rows say why"
+fi
+python3 - <<'PY'
+import importlib.metadata as m
+import torch
+names = ("trl", "datasets", "accelerate", "pyarrow", "multiprocess", "dill", "vllm")
+found = {}
+for name in names:
+    try:
+        found[name] = m.version(name)
+    except m.PackageNotFoundError:
+        found[name] = "missing"
+print("versions", found, "| cuda devices", torch.cuda.device_count())
+PY
+budget=$((TOTAL - SECONDS - 40))
+echo "gpu_workload_device: both sizes with ${budget}s each from $(date -u +%T)"
+pids=()
+for pair in 0.5b:0 1.5b:1; do
+  size=${pair%%:*}
+  gpu=${pair#*:}
+  # shellcheck disable=SC2086
+  timeout -k 10 $((budget + 15)) python3 benchmarks/gpu_workload.py --size "$size" \
+    --device "cuda:$gpu" --out "$OUT" --budget "$budget" ${GPU_WORKLOAD_ARGS:-} \
+    > "$OUT/gpu_workload_$size.log" 2>&1 &
+  pids+=($!)
+done
+status=0
+for pid in "${pids[@]}"; do
+  wait "$pid" || status=$?
+done
+echo "gpu_workload_device: both sizes done after ${SECONDS}s (status $status)"
+tail -n 40 "$OUT"/gpu_workload_*.log
+nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
+python3 benchmarks/gpu_workload.py --combine "$OUT"/gpu_workload_*.json > "$OUT/gpu_workload.md"
+cat "$OUT/gpu_workload.md"
+# At most 8 files come back: the tables and the console at the top, the rest in one archive
+# (no model weights, rollout databases or batch files).
+(
+  cd "$OUT" || exit
+  find . \( -name '*.safetensors' -o -name 'floor-batches.jsonl' -o -name 'rollouts.db*' \
+    -o -name 'checkpoints' -o -name '*-checkpoints' -o -name '*-run' \) -prune -exec rm -rf {} +
+  tar czf /tmp/gpu_workload_all.tar.gz --exclude=gpu_workload.log --exclude='gpu_workload*.md' .
+  rm -rf -- work-*/ ./*.json gpu_workload_*.log
+  mv /tmp/gpu_workload_all.tar.gz all.tar.gz
+)
+ls -la "$OUT"
+exit $status

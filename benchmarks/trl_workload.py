@@ -1,0 +1,175 @@
+"""TRL's ``GRPOTrainer`` on the GPU workload, for ``gpu_workload.py`` to run side by side.
+
+The same model directory, batch (``--prompts`` x ``--group-size``), lengths (``--prompt-len``
+letters, one token each; ``--completion-len`` tokens, fixed with ``ignore_eos``), loss
+(``loss_type`` ``grpo``, clip ``epsilon`` = ``epsilon_high``, ``beta``), micro-batch and
+gradient accumulation, learning rate, bf16 weights, no gradient checkpointing, and the same
+reward (``workload_task.digit_share``) as grpo-tui's run. One generation of the whole batch
+per optimizer step (TRL's ``steps_per_generation`` = gradient accumulation).
+
+Writes ``--out`` (JSON): the wall time of every optimizer step (a ``TrainerCallback``),
+peak GPU memory (torch, this process: TRL's trainer and its in-process vLLM), versions; on
+failure, the exception and its traceback, so the table shows why TRL did not run.
+
+    python benchmarks/trl_workload.py --model DIR --out trl.json            # vLLM colocate
+    python benchmarks/trl_workload.py --model DIR --out t.json --no-vllm \\
+        --prompts 2 --prompt-len 8 --completion-len 4 --micro-batch 4 --steps 2   # CPU smoke
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata
+import json
+import random
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from workload_task import prompt_text, trl_reward
+
+
+def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
+    import torch
+    from datasets import Dataset
+    from datasets.table import InMemoryTable
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    rng = random.Random(0)
+    batch = args.prompts * args.group_size
+    prompts = [prompt_text(rng, args.prompt_len) for _ in range(args.prompts * (args.steps + 1))]
+    # A given fingerprint: datasets would otherwise hash the Arrow table with dill, which
+    # fails on newer pyarrow types (PicklingError: MonthDayNano, datasets 5.2 + pyarrow 26).
+    dataset = Dataset(InMemoryTable.from_pydict({"prompt": prompts}), fingerprint="workload")
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    lengths = {len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts[:8]}
+    record["prompt_tokens"] = sorted(lengths)
+    steps: list[float] = []
+    marks = {"last": 0.0}
+
+    class StepTimer(TrainerCallback):
+        """Wall time of each optimizer step, generation included."""
+
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            if not marks["last"]:
+                marks["last"] = time.perf_counter()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            now = time.perf_counter()
+            steps.append(now - marks["last"])
+            marks["last"] = now
+            record["step_times"] = steps
+            Path(args.out).write_text(json.dumps(record, indent=1))  # partial results survive
+
+    vllm = {} if args.no_vllm else {
+        "use_vllm": True,
+        "vllm_mode": args.vllm_mode,
+        "vllm_gpu_memory_utilization": args.vllm_gpu_memory_utilization,
+        "vllm_max_model_length": args.prompt_len + args.completion_len + 16,
+    }  # fmt: skip
+    fixed = {"ignore_eos": True} if not args.no_vllm else {"min_new_tokens": args.completion_len}
+    on_gpu = torch.cuda.is_available() and not args.no_vllm
+    config = GRPOConfig(
+        output_dir=str(Path(args.out).with_suffix("")) + "-run",
+        per_device_train_batch_size=args.micro_batch,
+        gradient_accumulation_steps=batch // args.micro_batch,
+        num_generations=args.group_size,
+        max_completion_length=args.completion_len,
+        temperature=1.0,
+        learning_rate=args.lr,
+        lr_scheduler_type="constant",
+        warmup_steps=0,
+        max_grad_norm=1.0,
+        loss_type=args.loss_type,
+        epsilon=args.clip_eps,
+        epsilon_high=args.clip_eps,
+        beta=args.beta,
+        num_iterations=1,
+        max_steps=args.steps,
+        bf16=on_gpu,
+        use_cpu=not on_gpu,
+        gradient_checkpointing=False,
+        model_init_kwargs={"dtype": "bfloat16" if on_gpu else "float32"},
+        generation_kwargs=fixed,
+        shuffle_dataset=False,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=0,
+        **vllm,
+    )
+    record["config"] = {
+        k: getattr(config, k)
+        for k in (
+            "per_device_train_batch_size", "gradient_accumulation_steps", "generation_batch_size",
+            "steps_per_generation", "num_generations", "max_completion_length", "loss_type",
+            "epsilon", "epsilon_high", "beta", "use_vllm", "vllm_mode", "gradient_checkpointing",
+            "bf16", "vllm_importance_sampling_correction",
+        )
+    }  # fmt: skip
+    started = time.perf_counter()
+    trainer = GRPOTrainer(
+        model=args.model,
+        reward_funcs=trl_reward,
+        args=config,
+        train_dataset=dataset,
+        processing_class=tokenizer,
+        callbacks=[StepTimer()],
+    )
+    record["init_s"] = time.perf_counter() - started  # model load + vLLM start-up
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+    trainer.train()
+    if on_gpu:
+        record["peak_memory_gb"] = torch.cuda.max_memory_reserved() / 1e9
+    lengths = [
+        float(entry["completions/mean_length"])
+        for entry in trainer.state.log_history
+        if "completions/mean_length" in entry
+    ]
+    record["completion_mean_length"] = lengths
+    record["status"] = "ok"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--prompts", type=int, default=64)
+    parser.add_argument("--group-size", type=int, default=8)
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--completion-len", type=int, default=256)
+    parser.add_argument("--micro-batch", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-6)
+    parser.add_argument("--loss-type", default="grpo")
+    parser.add_argument("--clip-eps", type=float, default=0.2)
+    parser.add_argument("--beta", type=float, default=0.0)
+    parser.add_argument("--vllm-mode", choices=["colocate", "server"], default="colocate")
+    parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.25)
+    parser.add_argument("--no-vllm", action="store_true", help="transformers generate (CPU)")
+    args = parser.parse_args(argv)
+    record: dict[str, Any] = {
+        "status": "failed",
+        "mode": "no-vllm" if args.no_vllm else args.vllm_mode,
+    }
+    for dist in ("trl", "transformers", "torch", "vllm", "datasets", "accelerate"):
+        try:
+            record[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            record[dist] = "not installed"
+    try:
+        run(args, record)
+    except BaseException as error:  # the table shows why TRL did not run, never a crash
+        record["error"] = f"{type(error).__name__}: {error}"[:2000]
+        record["traceback"] = traceback.format_exc()[-6000:]
+    Path(args.out).write_text(json.dumps(record, indent=1))
+    print(json.dumps({k: v for k, v in record.items() if k != "traceback"})[:3000], flush=True)
+    return 0 if record["status"] == "ok" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

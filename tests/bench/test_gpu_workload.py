@@ -1,0 +1,86 @@
+"""benchmarks/gpu_workload.py without a GPU: what its one device call depends on.
+
+The profiles of every grpo-tui part go through the real role layer (GPU pinning, the
+synchronous and overlapped queue bounds, fixed-length sampling), the task gives exactly
+128-token prompts and rewards that differ within a group, and the report keeps parts that
+did not run and judges the issue's targets from the numbers.
+"""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import gpu_workload  # noqa: E402
+from model_shapes import qwen2_config  # noqa: E402
+from workload_task import PROMPT_CHARS, Workload  # noqa: E402
+
+from grpo_trainer.models import build_tiny_tokenizer  # noqa: E402
+from grpo_tui.profile import load_profile  # noqa: E402
+from grpo_tui.roles import build_plan  # noqa: E402
+
+
+def flag(command: list[str], name: str) -> str:
+    return command[command.index(name) + 1]
+
+
+@pytest.mark.parametrize("part", list(gpu_workload.GRPO_PARTS))
+def test_part_profile_pins_its_gpu_and_fixes_the_work(tmp_path: Path, part: str) -> None:
+    args = gpu_workload.parse_args(["--size", "1.5b", "--device", "cuda:1", "--out", "x"])
+    args.model = tmp_path / "model"
+    qwen2_config(args.shape).save_pretrained(args.model)  # the config is what check reads
+    mode, bound = gpu_workload.GRPO_PARTS[part]
+    body = gpu_workload.profile_for(args, part, mode, bound, [8100, 8101], tmp_path / "runs")
+    path = tmp_path / "p.toml"
+    path.write_text(gpu_workload.tomli_w.dumps(body))
+    specs = {s.name: s for s in build_plan(load_profile(path), tmp_path / "run").specs}
+    for role in ("inference", "trainer"):
+        assert specs[role].env["CUDA_VISIBLE_DEVICES"] == "1"  # the other lane's GPU is 0
+        assert specs[role].env["NCCL_NVLS_ENABLE"] == "0"
+    assert flag(specs["api"].command, "--max-batches-offpolicy") == str(bound)
+    env = specs["env"].command
+    assert (flag(env, "--max-tokens"), flag(env, "--ignore-eos")) == ("256", "true")
+    assert flag(env, "--max-concurrency") == "64"  # the whole batch in flight
+    trainer = specs["trainer"].command
+    batch = int(flag(trainer, "--batch-size")) * int(flag(trainer, "--gradient-accumulation-steps"))
+    assert batch == 512 and flag(trainer, "--seq-len") == str(PROMPT_CHARS + 256)
+    assert flag(trainer, "--weight-bridge-mode") == mode
+    assert "--kv-cache-memory-bytes" in specs["inference"].command
+
+
+def test_prompts_are_128_tokens_and_rewards_differ_in_a_group() -> None:
+    tokenizer = build_tiny_tokenizer(vocab_size=151936)
+    task = Workload(seed=0)
+    rng = random.Random(0)
+    for _ in range(5):
+        assert len(tokenizer.encode(task.sample(rng).text)) == PROMPT_CHARS
+    sampled = random.Random(1)
+    group = [[sampled.randrange(len(tokenizer)) for _ in range(256)] for _ in range(8)]
+    scores = {task.score(task.sample(rng), tokenizer.decode(ids)) for ids in group}
+    assert len(scores) > 1 and all(0 < s < 1 for s in scores)
+
+
+def test_report_keeps_what_did_not_run_and_judges_the_targets() -> None:
+    args = gpu_workload.parse_args(["--out", "x"])
+    args.params = 494e6
+    floor = gpu_workload.Part("floor", "floor", status="ok", step_times=[10.0])
+    floor.extra = {"sum_s": 10.0, "max_s": 6.0, "generate_s": 4.0, "train_s": 6.0}
+    parts = [
+        floor,
+        gpu_workload.Part("sync", "ours", status="ok", step_times=[11.0, 11.4, 11.2]),
+        gpu_workload.Part("trl", "TRL", status="ok", step_times=[16.0, 16.0]),
+        gpu_workload.Part("overlap", "ours", status="ok", step_times=[8.0, 8.0]),
+        gpu_workload.Part("lora", "ours"),  # never started: out of time
+    ]
+    text = gpu_workload.markdown(args, parts, {"device": "H200"})
+    assert "| lora | ours | not run: out of time | 0 |" in text
+    assert "sync step / floor sum: 1.12 (goal 1.15) -> met" in text
+    assert "overlap step / floor max: 1.33 (goal 1.15) -> NOT met" in text
+    assert "TRL tok/s: 2.00 (goal 1.3) -> met" in text  # TRL 16 s vs our best 8 s
+    assert f"{512 * 256 / 11.2:,.0f}" in text  # end-to-end completion tokens/s of sync
