@@ -653,6 +653,7 @@ class RoleLayer:
             port=settings.port,
             metrics_url=f"{self.inference_url}/metrics",
             depends_on=self._model_deps(),
+            prestart=settings.backend == "builtin" and placed.argv == launch.argv,
             readiness=HttpProbe(url=health, period=0.25, timeout=2.0),
             liveness=HttpProbe(
                 url=health, initial_delay=10, period=15, timeout=10, failure_threshold=4
@@ -670,9 +671,8 @@ class RoleLayer:
             log_dir=self.run_dir / "logs" / "trainer-ranks",
             shutdown_timeout=TRAINER_SHUTDOWN,
         )
-        launch, step = self._launched(
-            "trainer", launcher.wrap(Launch(argv=self.trainer_config().argv()), placement)
-        )
+        argv = self.trainer_config().argv()
+        launch, step = self._launched("trainer", launcher.wrap(Launch(argv=argv), placement))
         return ProcessSpec(
             name="trainer",
             role="trainer",
@@ -680,6 +680,7 @@ class RoleLayer:
             slurm_step=step,
             env={**launch.env, **self._token_env(), **self._transfer_env()},
             depends_on=depends,
+            prestart=launch.argv == argv,  # one local process: it reads the start gate
             readiness=LogLineProbe(pattern=TRAINER_READY, period=0.2),
             restart=RestartPolicy(policy="on_failure", backoff_base=1.0, max_restarts=5),
             shutdown=Shutdown(timeout=TRAINER_SHUTDOWN),

@@ -25,6 +25,7 @@ from grpo_trainer.serve.engine import Engine
 from grpo_trainer.serve.lora import AdapterError, AdapterSet
 from grpo_trainer.serve.settings import API_KEY_ENV
 from grpo_trainer.serve.shared import SharedWeightsError, attach_server
+from grpo_trainer.start_gate import wait_for_start
 from grpo_trainer.stop_signal import exit_zero_on_stop
 
 
@@ -173,6 +174,7 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
         sys.exit(2)
+    wait_for_start()
     try:
         state = build_state(args)
     except (OSError, ValueError, AdapterError, SharedWeightsError) as error:

@@ -3,7 +3,7 @@
 Exit status: 0 done or stopped gracefully (SIGTERM, or the supervisor refusing a restart
 because it is shutting down: the current step finishes and a checkpoint is written);
 2 bad configuration (one line per problem; a restart mode without a supervisor is caught
-before anything loads, a weight sync that cannot start before the first step); 1 a failure
+before the model loads, a weight sync that cannot start before the first step); 1 a failure
 while running (API unreachable at start, bad data, weight sync lagging).
 """
 
@@ -14,6 +14,7 @@ import os
 import sys
 
 from grpo_trainer.control import SOCKET_ENV
+from grpo_trainer.start_gate import wait_for_start
 from grpo_trainer.sync.restart import RESTART_MODES, supervisor_missing
 from grpo_trainer.train.config import EXIT_BAD_CONFIG, ConfigError, TrainerConfig
 
@@ -60,13 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         for line in exc.problems:
             print(f"error: {line}", file=sys.stderr)
         return EXIT_BAD_CONFIG
+    from grpo_trainer.train.session import run_session  # seconds of imports: before the gate
+
+    wait_for_start()
     problems = preflight(config)
     if problems:
         for line in problems:
             print(f"error: {line}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    from grpo_trainer.train.session import run_session
-
     return run_session(config)
 
 

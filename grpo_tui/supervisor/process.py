@@ -10,6 +10,7 @@ A stop that returns has left nothing behind, or says what survived.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
@@ -31,6 +32,8 @@ from grpo_tui.supervisor.tree import (
     tagged,
 )
 
+GATE_ENV = "GRPO_START_GATE"
+"""Set to ``stdin`` for a ``prestart`` child (read by ``grpo_trainer.start_gate``)."""
 READ_CHUNK = 256 * 1024
 KILL_WAIT = 5.0
 POLL = 0.02
@@ -95,7 +98,7 @@ class ChildProcess:
         try:
             proc = await asyncio.create_subprocess_exec(
                 *spec.command,
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE if spec.prestart else asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT,
                 cwd=spec.cwd,
@@ -112,6 +115,15 @@ class ChildProcess:
         child = cls(spec=spec, run_id=run_id, sink=sink, announce=announce, proc=proc)
         child._pump = asyncio.create_task(child._pump_output(), name=f"output:{spec.name}")
         return child
+
+    async def open_gate(self) -> None:
+        """Tell a ``prestart`` child that its dependencies are met (``start`` on its stdin)."""
+        stdin = self.proc.stdin
+        assert stdin is not None, "only a prestart child has a start gate"
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it died meanwhile
+            stdin.write(b"start\n")
+            await stdin.drain()
+        stdin.close()
 
     async def _pump_output(self) -> None:
         stream = self.proc.stdout

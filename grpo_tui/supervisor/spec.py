@@ -138,9 +138,12 @@ class ProcessSpec(Strict):
     liveness: Probe | None = None
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     shutdown: Shutdown = Field(default_factory=Shutdown)
+    prestart: bool = False
 
     @model_validator(mode="after")
     def _not_self_dependent(self) -> ProcessSpec:
         if self.name in self.depends_on:
             raise ValueError(f"process {self.name!r} depends on itself")
+        if self.prestart and self.slurm_step is not None:
+            raise ValueError(f"process {self.name!r}: prestart needs a local process (stdin)")
         return self

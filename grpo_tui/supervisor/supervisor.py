@@ -39,7 +39,7 @@ from grpo_tui.supervisor.journal import JsonlWriter
 from grpo_tui.supervisor.logs import OutputSink
 from grpo_tui.supervisor.metrics import MetricsStore
 from grpo_tui.supervisor.ports import find_port_holder
-from grpo_tui.supervisor.process import ChildProcess, SpawnError, describe_exit
+from grpo_tui.supervisor.process import GATE_ENV, ChildProcess, SpawnError, describe_exit
 from grpo_tui.supervisor.samplers import Samplers, Scrape
 from grpo_tui.supervisor.spec import Condition, ProcessSpec
 from grpo_tui.supervisor.steps import job_trouble
@@ -437,6 +437,7 @@ class Supervisor:
             **spec.env,
             **control,
             PROCESS_VAR: spec.name,
+            **({GATE_ENV: "stdin"} if spec.prestart else {}),
             "GRPO_TUI_RUN_DIR": str(self.run_dir.resolve()),
             RUN_ID_VAR: self.run_id,
         }
@@ -483,11 +484,11 @@ class Supervisor:
         entry.task = asyncio.create_task(self._life(entry), name=f"life:{entry.spec.name}")
 
     async def _life(self, entry: _Entry) -> None:
-        if not await self._dependencies_met(entry):
+        if not entry.spec.prestart and not await self._dependencies_met(entry):
             return
         while not entry.stop_requested and not self._closing:
             code, reason, lasted = await self._run_once(entry)
-            if entry.stop_requested:
+            if entry.stop_requested or entry.gave_up:
                 return
             if entry.lost is not None:
                 self._give_up(entry, f"{reason}; {entry.lost}: not restarted", code)
@@ -568,6 +569,14 @@ class Supervisor:
 
     async def _dependencies_met(self, entry: _Entry) -> bool:
         """Wait for every dependency's condition; False (and FAILED) if one fails for good."""
+        failed = await self._failed_dependency(entry)
+        if failed:
+            self._give_up(entry, failed, None)
+        return not failed and not entry.stop_requested
+
+    async def _failed_dependency(self, entry: _Entry) -> str:
+        """Wait for every dependency's condition (or a stop request); the reason one failed
+        for good, else ''."""
         for dep_name, dependency in entry.spec.depends_on.items():
             dep = self._entries[dep_name]
             cond = dependency.condition
@@ -577,11 +586,10 @@ class Supervisor:
 
             await self._wait_for(dep, settled, also=entry.wake)
             if entry.stop_requested:
-                return False
+                return ""
             if not self._condition_met(dep, cond):
-                self._give_up(entry, f"dependency {dep_name} failed: {dep.last_reason}", None)
-                return False
-        return True
+                return f"dependency {dep_name} failed: {dep.last_reason}"
+        return ""
 
     @staticmethod
     def _condition_met(dep: _Entry, cond: Condition) -> bool:
@@ -640,6 +648,12 @@ class Supervisor:
         first = State.STARTING if spec.readiness is not None else State.RUNNING
         self._set_state(entry, first, pid=child.pid, reason="spawned")
         exited = asyncio.create_task(child.wait())
+        if spec.prestart and not await self._gate_opened(entry, child, exited):
+            code = await exited
+            entry.sink.on_line = None
+            entry.exit_code = code
+            self._flush_logs()
+            return code, entry.last_reason, time.time() - child.started_at
         watcher = asyncio.create_task(self._watch_probes(entry, matcher))
         await asyncio.wait({exited, watcher}, return_when=asyncio.FIRST_COMPLETED)
         reason = ""
@@ -662,6 +676,28 @@ class Supervisor:
             entry.lost = await asyncio.to_thread(job_trouble)
         self._flush_logs()
         return code, reason or describe_exit(code), time.time() - child.started_at
+
+    async def _gate_opened(
+        self, entry: _Entry, child: ChildProcess, exited: asyncio.Task[int]
+    ) -> bool:
+        """A ``prestart`` child runs its imports while its dependencies come up; open its
+        start gate once they are met. False when it exited first, a dependency failed (the
+        child is stopped, the entry FAILED) or a stop was requested."""
+        deps = asyncio.create_task(self._failed_dependency(entry))
+        await asyncio.wait({exited, deps}, return_when=asyncio.FIRST_COMPLETED)
+        if not deps.done():
+            deps.cancel()
+            return False
+        failed = deps.result()
+        if not failed and not entry.stop_requested:
+            await child.open_gate()
+            return True
+        if not exited.done():
+            survivors = await child.stop(entry.spec.shutdown.signum, entry.spec.shutdown.timeout)
+            self._report_survivors(entry, survivors)
+        if failed:
+            self._give_up(entry, failed, None)
+        return False
 
     async def _watch_probes(self, entry: _Entry, matcher: probes.LogMatcher | None) -> str:
         """Readiness (-> READY), then liveness; returns the liveness failure message."""

@@ -89,6 +89,7 @@ def test_seven_b_srun_and_torchrun_lines(tmp_path: Path) -> None:
     assert served[served.index("--host") + 1] == "0.0.0.0"
 
     head = trainer.command[: trainer.command.index("--")]
+    assert not trainer.prestart  # srun and torchrun do not pass the start gate (stdin) on
     assert "--relative=1" in head and "--nodes=1" in head and "--gpus-per-node=8" in head
     torchrun = after(trainer.command, "--")
     assert torchrun[1:3] == ["-m", "torch.distributed.run"]

@@ -200,6 +200,7 @@ def test_seven_b_profile_launch_lines(tmp_path: Path) -> None:
     command = trainer.command
     head = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     assert command[:4] == head
+    assert not trainer.prestart  # torchrun's ranks do not read its stdin (the start gate)
     assert flag(command, "--nproc-per-node") == "4"
     assert flag(command, "--max-restarts") == "0"
     assert flag(command, "--tee") == "3"

@@ -42,6 +42,8 @@ def test_quickstart_expands_in_role_order(tmp_path: Path) -> None:
     assert specs["trainer"].depends_on["inference"].condition == Condition.HEALTHY
     assert specs["env"].depends_on["trainer"].condition == Condition.HEALTHY
     assert "model" not in specs["api"].depends_on
+    # The built-in server and the trainer import while the model builds (start gate).
+    assert [s.name for s in plan.specs if s.prestart] == ["inference", "trainer"]
 
 
 def test_quickstart_probes_restarts_and_wiring(tmp_path: Path) -> None:
@@ -89,6 +91,7 @@ def test_hub_model_needs_no_build_step(tmp_path: Path) -> None:
     assert "model" not in specs
     assert specs["inference"].command[:3] == ["vllm", "serve", "Qwen/Qwen2.5-3B-Instruct"]
     assert specs["inference"].env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] == "1"
+    assert not specs["inference"].prestart  # vLLM does not read a start gate
 
 
 def test_api_token_reaches_trainer_and_env(tmp_path: Path) -> None:
