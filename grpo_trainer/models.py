@@ -7,7 +7,6 @@ that tests and the offline quickstart run the same loading code as a hub model w
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 from pathlib import Path
@@ -205,34 +204,3 @@ def load_model(
 
         model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable_adapter)
     return model
-
-
-def main(argv: list[str] | None = None) -> None:
-    """``python -m grpo_trainer.models build OUT``: write a tiny model for offline runs."""
-    parser = argparse.ArgumentParser(prog="python -m grpo_trainer.models")
-    sub = parser.add_subparsers(dest="command", required=True)
-    build = sub.add_parser("build", help="write a tiny randomly initialised model")
-    build.add_argument("out")
-    build.add_argument("--seed", type=int, default=0)
-    build.add_argument("--hidden-size", type=int, default=64)
-    build.add_argument("--num-layers", type=int, default=2)
-    build.add_argument("--num-heads", type=int, default=4)
-    build.add_argument("--num-kv-heads", type=int, default=2)
-    build.add_argument("--intermediate-size", type=int, default=128)
-    build.add_argument("--final-norm-weight", type=float, default=6.0)
-    args = parser.parse_args(argv)
-    out = build_tiny_model(
-        args.out,
-        seed=args.seed,
-        hidden_size=args.hidden_size,
-        num_layers=args.num_layers,
-        num_heads=args.num_heads,
-        num_kv_heads=args.num_kv_heads,
-        intermediate_size=args.intermediate_size,
-        final_norm_weight=args.final_norm_weight,
-    )
-    print(f"tiny model written to {out}", flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -56,7 +56,7 @@ class ProfileError(Exception):
 
 class TinyShape(BaseModel):
     """``[run.tiny]``: the shape of the model built with ``model = "tiny"`` (the builder's
-    flags, ``python -m grpo_trainer.models build``). vLLM's attention kernels want
+    flags, ``python -m grpo_trainer.tiny_model build``). vLLM's attention kernels want
     ``hidden_size / num_heads`` of 64 or more (profiles/quickstart-gpu.toml)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)

@@ -597,7 +597,7 @@ class RoleLayer:
         return {"model": BUILT} if "model" in self.roles else {}
 
     def _model_spec(self) -> ProcessSpec:
-        build = [sys.executable, "-m", "grpo_trainer.models", "build", self.model_path]
+        build = [sys.executable, "-m", "grpo_trainer.tiny_model", "build", self.model_path]
         return ProcessSpec(
             name="model",
             role="model",
@@ -705,6 +705,7 @@ class RoleLayer:
             slurm_step=step,
             env=self._token_env(),
             depends_on=depends,
+            prestart=launch.argv == command,  # every task runs grpo_trainer.envs.cli.main
             readiness=LogLineProbe(pattern=ENV_READY, period=0.2),
             restart=RestartPolicy(policy="on_failure", backoff_base=1.0, max_restarts=5),
             shutdown=Shutdown(timeout=10),

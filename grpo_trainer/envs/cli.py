@@ -24,6 +24,7 @@ from grpo_trainer.envs.settings import BUILTIN_TASKS, EnvSettings
 from grpo_trainer.envs.stats import Reporter
 from grpo_trainer.envs.task import Task
 from grpo_trainer.envs.tokenizer import load_prompt_tokenizer
+from grpo_trainer.start_gate import wait_for_start
 
 SETTINGS_FLAGS = (
     "name", "task", "model_name", "group_size", "max_concurrency", "seed", "max_tokens",
@@ -116,6 +117,7 @@ def main(task: type[Task] | None = None, argv: list[str] | None = None) -> None:
     except (OSError, ValueError) as exc:
         print(f"error: {settings.task}: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
+    wait_for_start()  # the model (tokenizer), the API, inference and the trainer are up
     tokenizer = load_prompt_tokenizer(tokenizer_path)
     runner = EnvRunner(
         instance, settings, connection, tokenizer, reporter=Reporter(SupervisorLink.from_env())

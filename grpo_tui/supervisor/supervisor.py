@@ -681,22 +681,23 @@ class Supervisor:
         self, entry: _Entry, child: ChildProcess, exited: asyncio.Task[int]
     ) -> bool:
         """A ``prestart`` child runs its imports while its dependencies come up; open its
-        start gate once they are met. False when it exited first, a dependency failed (the
-        child is stopped, the entry FAILED) or a stop was requested."""
+        start gate once they are met. False when it exited first, a stop was requested (the
+        stop ends it) or a dependency failed (it is stopped here, the entry FAILED)."""
         deps = asyncio.create_task(self._failed_dependency(entry))
         await asyncio.wait({exited, deps}, return_when=asyncio.FIRST_COMPLETED)
         if not deps.done():
             deps.cancel()
             return False
         failed = deps.result()
-        if not failed and not entry.stop_requested:
+        if entry.stop_requested:
+            return False
+        if not failed:
             await child.open_gate()
             return True
         if not exited.done():
             survivors = await child.stop(entry.spec.shutdown.signum, entry.spec.shutdown.timeout)
             self._report_survivors(entry, survivors)
-        if failed:
-            self._give_up(entry, failed, None)
+        self._give_up(entry, failed, None)
         return False
 
     async def _watch_probes(self, entry: _Entry, matcher: probes.LogMatcher | None) -> str:

@@ -42,8 +42,8 @@ def test_quickstart_expands_in_role_order(tmp_path: Path) -> None:
     assert specs["trainer"].depends_on["inference"].condition == Condition.HEALTHY
     assert specs["env"].depends_on["trainer"].condition == Condition.HEALTHY
     assert "model" not in specs["api"].depends_on
-    # The built-in server and the trainer import while the model builds (start gate).
-    assert [s.name for s in plan.specs if s.prestart] == ["inference", "trainer"]
+    # The built-in server, trainer and env import while the model builds (start gate).
+    assert [s.name for s in plan.specs if s.prestart] == ["inference", "trainer", "env"]
 
 
 def test_quickstart_probes_restarts_and_wiring(tmp_path: Path) -> None:

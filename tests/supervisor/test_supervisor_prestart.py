@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 from conftest import child, spec
 
 from grpo_trainer.start_gate import GATE_ENV
@@ -93,3 +95,30 @@ def test_gate_closed_without_start_exits_1_and_no_gate_runs_at_once() -> None:
         text=True,
     )  # fmt: skip
     assert ungated.returncode == 0 and ungated.stdout == "past\n"
+
+
+async def test_stop_while_at_the_gate_ends_the_child_without_starting_it(
+    supervise, tmp_path
+) -> None:
+    marker = tmp_path / "loaded"
+    never = tmp_path / "never"  # the dependency waits for a file nobody writes
+    h = supervise(
+        [
+            spec("build", waits_for(never, then=0)),
+            spec(
+                "gated",
+                child("gated.py", marker),
+                prestart=True,
+                depends_on={"build": {"condition": "process_completed_successfully"}},
+            ),
+        ]
+    )
+    async with asyncio.timeout(20):
+        while not marker.exists():  # the child is past its imports, at the gate
+            await asyncio.sleep(0.02)
+    pid = h.sup.status()["gated"].pid
+    await h.sup.stop("gated")
+    status = h.sup.status()["gated"]
+    assert status.state == State.STOPPED
+    assert stamp(h.sup.recent_lines("gated"), "started") is None
+    assert pid is not None and not psutil.pid_exists(pid)
