@@ -13,6 +13,10 @@ In one run, side by side (markdown tables on stdout):
    data, its compute (``step_time``) and the rest of its loop (fetch/parse, ack, sync,
    report); per group in the environment, the wait for queue room, the completions request
    and the post (``env/latency/*``, reported by environments from this change on).
+4. **Start-up**: when each process reached its milestone (API ready, model built,
+   inference ready, trainer ready, env ready, first step), from the runs' ``events.jsonl``;
+   once with the tiny model's build cache empty (a short extra run per tree), then the
+   medians of the runs of section 2 (cache filled).
 
 ``--before DIR`` runs the same measurements on another checkout (e.g. ``git archive`` of
 an older commit unpacked outside the repository), each code tree through its own
@@ -143,12 +147,36 @@ class StackRun:
     to_target: float | None = None
     step: float | None = None
     breakdown: dict[str, float | None] = field(default_factory=dict)
+    startup: dict[str, float | None] = field(default_factory=dict)
     steps: int = 0
     exit_code: int | None = None
 
 
-def stack_run(tree: Path, label: str, mode: str, steps: int, work: Path) -> StackRun:
-    """``grpo-tui run`` of ``tree``'s quickstart in ``mode``; times read from the run dir."""
+MILESTONES = {
+    "api ready": ("api", "ready"),
+    "model built": ("model", "completed"),
+    "inference ready": ("inference", "ready"),
+    "trainer ready": ("trainer", "ready"),
+    "env ready": ("env", "ready"),
+}
+
+
+def startup_times(run_dir: Path, started: float) -> dict[str, float | None]:
+    """Seconds after the command at which each process first reached its milestone."""
+    seen: dict[str, float | None] = dict.fromkeys(MILESTONES)
+    for line in (run_dir / "events.jsonl").open():
+        event = json.loads(line)
+        if event.get("type") != "StateChanged":
+            continue
+        for name, (process, state) in MILESTONES.items():
+            if seen[name] is None and (event["process"], event["new"]) == (process, state):
+                seen[name] = event["t"] - started
+    return seen
+
+
+def stack_run(tree: Path, label: str, mode: str, steps: int, work: Path, cache: Path) -> StackRun:
+    """``grpo-tui run`` of ``tree``'s quickstart in ``mode``; times read from the run dir.
+    ``cache`` is the tiny model's build cache (``GRPO_TUI_CACHE``; older trees have none)."""
     profile = tomllib.loads((tree / "profiles" / "quickstart.toml").read_text())
     out = work / f"{label}-{mode}-{time.monotonic_ns()}"
     profile["run"].update(mode=mode, output_dir=str(out))
@@ -158,13 +186,14 @@ def stack_run(tree: Path, label: str, mode: str, steps: int, work: Path) -> Stac
     path = out.with_suffix(".toml")
     out.mkdir(parents=True)
     path.write_text(tomli_w.dumps(profile))
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    env = {**os.environ, "PYTHONPATH": str(tree), "GRPO_TUI_CACHE": str(cache)}
     result = StackRun(label, mode, load())
     started = time.time()
     done = subprocess.run([sys.executable, "-m", "grpo_tui", "run", str(path)], env=env,
                           cwd=tree, capture_output=True, timeout=1800)  # fmt: skip
     result.exit_code = done.returncode
     run_dir = next(out.iterdir())
+    result.startup = startup_times(run_dir, started)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     trainer = [r for r in records if r["process"] == "trainer" and "step_time" in r["data"]]
     envs = [r["data"] for r in records if r["process"] == "env"]
@@ -174,6 +203,7 @@ def stack_run(tree: Path, label: str, mode: str, steps: int, work: Path) -> Stac
     times = [r["t"] for r in trainer]
     rewards = [r["data"]["reward/mean"] for r in trainer]
     result.first_step = times[0] - started
+    result.startup["first step"] = result.first_step
     for i in range(LAST - 1, len(rewards)):
         if sum(rewards[i - LAST + 1 : i + 1]) / LAST >= TARGET:
             result.to_target = times[i] - started
@@ -241,6 +271,12 @@ def main() -> None:
             print(f"| {label} | {rate:.0f} | {round_time * 1000:.0f} | {before} |", flush=True)
         if "before" in served:
             print(f"\nthroughput ours / before: {served['ours'] / served['before']:.1f}x\n")
+        # Start-up with the tiny model's build cache empty (the first run after an install
+        # or a change to the builder); every later run of the same tree finds it filled.
+        colds = [
+            stack_run(tree, label, args.modes[0], SKIP + 2, work, work / f"cache-{label}")
+            for label, tree in trees
+        ]
         floors: dict[bool, list[tuple[float, float | None, str]]] = {False: [], True: []}
         runs: list[StackRun] = []
         for repeat in range(args.repeats):
@@ -248,12 +284,37 @@ def main() -> None:
                 lora = mode.startswith("lora")
                 floors[lora].append(floor(lora, args.steps, seed=repeat))
                 for label, tree in trees:
-                    runs.append(stack_run(tree, label, mode, args.steps, work))
+                    cache = work / f"cache-{label}"
+                    runs.append(stack_run(tree, label, mode, args.steps, work, cache))
                     r = runs[-1]
                     print(f"<!-- {label} {mode}: exit {r.exit_code}, {r.steps} steps, "
                           f"step {ms(r.step)} ms, first {secs(r.first_step)} s, "
                           f"0.8 {secs(r.to_target)} s, load {r.load} -->", flush=True)  # fmt: skip
         _report(args, trees, floors, runs)
+        _report_startup(trees, colds, runs)
+
+
+def _report_startup(
+    trees: list[tuple[str, Path]], colds: list[StackRun], runs: list[StackRun]
+) -> None:
+    print(
+        "\n## Start-up: seconds after the command (the tiny model's build cache empty, then "
+        "the medians of the runs above)\n"
+    )
+    names = [*MILESTONES, "first step"]
+    print("| code | model cache | " + " | ".join(names) + " | loads |")
+    print("|---" * (len(names) + 3) + "|")
+    for (label, tree), cold in zip(trees, colds, strict=True):
+        cached = (tree / "grpo_trainer" / "tiny_model.py").exists()
+        warm = [r for r in runs if r.tree == label]
+        rows = [("empty", [cold]), ("filled", warm)] if cached else [("none", [cold, *warm])]
+        for cache, mine in rows:
+            cells = [
+                secs(median([t for r in mine if (t := r.startup.get(n)) is not None]))
+                for n in names
+            ]
+            loads = ", ".join(r.load for r in mine)
+            print(f"| {label} | {cache} | " + " | ".join(cells) + f" | {loads} |")
 
 
 def _report(
