@@ -38,6 +38,13 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
     from transformers import AutoTokenizer, TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
+    if args.enforce_eager:  # TRL has no flag for it: its colocated LLM gets the keyword
+        import functools
+
+        from trl.generation import vllm_generation
+
+        vllm_generation.LLM = functools.partial(vllm_generation.LLM, enforce_eager=True)
+
     rng = random.Random(0)
     batch = args.prompts * args.group_size
     prompts = [prompt_text(rng, args.prompt_len) for _ in range(args.prompts * (args.steps + 1))]
@@ -101,6 +108,7 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
         seed=0,
         **vllm,
     )
+    record["enforce_eager"] = args.enforce_eager
     record["config"] = {
         k: getattr(config, k)
         for k in (
@@ -151,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-mode", choices=["colocate", "server"], default="colocate")
     parser.add_argument("--vllm-gpu-memory-utilization", type=float, default=0.25)
     parser.add_argument("--no-vllm", action="store_true", help="transformers generate (CPU)")
+    parser.add_argument("--enforce-eager", action="store_true", help="vLLM without CUDA graphs")
     args = parser.parse_args(argv)
     record: dict[str, Any] = {
         "status": "failed",

@@ -1,0 +1,208 @@
+"""profiles/quickstart-gpu.toml in every mode, side by side: does it learn, and how fast?
+
+Each mode runs ``grpo-tui run`` on a copy of the profile that differs only in what lets the
+modes run at the same time: ``run.mode``, ``run.output_dir``, the two ports, the GPU both
+roles use (``--gpus`` are shared out round-robin), and, where no ``vllm`` command is on
+PATH (the device, where vLLM sits on PYTHONPATH), ``vllm_executable``. From the run's
+``metrics.jsonl`` it reads the mean reward per step and reports the mean of the first 5
+steps, the best 5-step mean, and the first step whose 5-step mean reached ``--target``
+with the seconds from the command to that step (vLLM start-up included). A run stops once
+it reached the target (SIGKILL of its supervisor, then a sweep of its tagged processes),
+when its trainer ends, or at the deadline.
+
+    python benchmarks/quickstart_gpu.py --out OUT --gpus 0 1          # the device run
+    python benchmarks/quickstart_gpu.py --out /tmp/q --dry-run         # copies + check
+
+Writes ``quickstart_gpu.md`` and ``quickstart_gpu.json`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import tomli_w
+from gpu_modes import _lines, facts, free_ports, run_id_of, sweep, tail, vllm_cli
+from gpu_workload import stop_group
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = REPO / "profiles" / "quickstart-gpu.toml"
+MODES = ("shared_vllm", "lora_only", "colocate", "none", "lora_restart")
+WINDOW = 5
+
+
+@dataclass
+class ModeRun:
+    """One mode's run: rewards per step and when the target was reached."""
+
+    mode: str
+    gpu: int
+    status: str = "not run"
+    rewards: list[float] = field(default_factory=list)
+    step_times: list[float] = field(default_factory=list)
+    target_step: int | None = None
+    target_s: float | None = None
+    wall_s: float = 0.0
+    reason: str = ""
+    leftovers: list[str] = field(default_factory=list)
+
+
+def profile_copy(mode: str, gpu: int, ports: list[int], out: Path) -> dict[str, Any]:
+    """The quickstart-gpu profile with only what running modes side by side needs changed."""
+    body = tomllib.loads(PROFILE.read_text())
+    body["run"] |= {"mode": mode, "name": f"quickstart-gpu-{mode}", "output_dir": str(out)}
+    body["api"]["port"], body["inference"]["port"] = ports
+    body["inference"]["gpus"] = body["trainer"]["gpus"] = [gpu]
+    if shutil.which("vllm") is None:
+        body["inference"]["vllm_executable"] = vllm_cli()
+    return body
+
+
+def rolling(rewards: list[float]) -> list[float]:
+    """Mean of the last ``WINDOW`` steps at every step from the ``WINDOW``-th on."""
+    return [statistics.fmean(rewards[i - WINDOW : i]) for i in range(WINDOW, len(rewards) + 1)]
+
+
+def watch(run: ModeRun, work: Path, deadline: float, target: float) -> None:
+    """Run one mode until it reaches ``target``, its trainer ends, or ``deadline``."""
+    cell = work / run.mode
+    cell.mkdir(parents=True, exist_ok=True)
+    ports = free_ports(2, first=24000 + 10 * MODES.index(run.mode))
+    profile = cell / "profile.toml"
+    profile.write_text(tomli_w.dumps(profile_copy(run.mode, run.gpu, ports, cell / "runs")))
+    began = time.time()
+    with (cell / "supervisor.jsonl").open("wb") as out, (cell / "supervisor.err").open("wb") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "grpo_tui", "run", str(profile), "--json"],
+            stdout=out, stderr=err, cwd=REPO, start_new_session=True,
+        )  # fmt: skip
+    supervisor = psutil.Process(proc.pid)
+    run_id = ""
+    try:
+        while proc.poll() is None and time.time() < deadline:
+            run_id = run_id or run_id_of(supervisor)
+            read(run, cell, began, target)
+            if run.target_step is not None:
+                break
+            time.sleep(1.0)
+    finally:
+        stop_group(proc)
+        run.leftovers = sweep(run_id, wait=10.0)
+    read(run, cell, began, target)
+    run.wall_s = time.time() - began
+    if run.target_step is not None:
+        run.status = "reached"
+    elif run.rewards:
+        run.status = "not reached in the time given"
+    else:
+        run.status = f"failed (exit {proc.returncode})"
+        runs = sorted((cell / "runs").glob("*/"))
+        logs = sorted(runs[-1].glob("logs/*.log")) if runs else []
+        run.reason = " | ".join(
+            f"{p.name}: {tail(p, 5)}" for p in [cell / "supervisor.err", *logs] if tail(p, 1)
+        )[-2000:]
+
+
+def read(run: ModeRun, cell: Path, began: float, target: float) -> None:
+    """Rewards so far, and the first step whose ``WINDOW``-step mean reached ``target``."""
+    runs = sorted((cell / "runs").glob("*/"))
+    if not runs:
+        return
+    records = sorted(
+        (
+            r
+            for r in _lines(runs[-1] / "metrics.jsonl")
+            if r.get("type") == "metrics" and "reward/mean" in r.get("data", {})
+        ),
+        key=lambda r: r["step"],
+    )
+    run.rewards = [float(r["data"]["reward/mean"]) for r in records]
+    run.step_times = [float(r["t"]) - began for r in records]
+    for index, mean in enumerate(rolling(run.rewards)):
+        if mean >= target:
+            step = index + WINDOW
+            run.target_step, run.target_s = step, run.step_times[step - 1]
+            return
+
+
+def markdown(runs: list[ModeRun], info: dict[str, str], args: argparse.Namespace) -> str:
+    """The per-mode table."""
+    lines = [
+        "# profiles/quickstart-gpu.toml in every mode (benchmarks/quickstart_gpu.py)",
+        "",
+        f"- date {info.get('date')}; {info.get('device')}; torch {info.get('torch')}, vLLM "
+        f"{info.get('vllm')}, transformers {info.get('transformers')}",
+        f"- modes ran at the same time, spread over GPUs {args.gpus}; the profile as shipped "
+        "except mode, ports, GPU, output dir (and the vLLM command where none is on PATH)",
+        f"- reward: mean over {WINDOW} steps; target {args.target}; time from the command "
+        "(vLLM start-up and the model build included)",
+        "",
+        f"| mode | GPU | status | steps | reward, first {WINDOW} | best {WINDOW}-step mean "
+        f"| step reaching {args.target} | seconds to {args.target} |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in runs:
+        windows = rolling(r.rewards)
+        first = f"{windows[0]:.3f}" if windows else "n/a"
+        best = f"{max(windows):.3f}" if windows else "n/a"
+        status = r.status + (f": {r.reason[:200]}" if r.reason else "")
+        lines.append(
+            f"| {r.mode} | {r.gpu} | {status.replace('|', '/')} | {len(r.rewards)} | {first} | "
+            f"{best} | {r.target_step or 'n/a'} | "
+            f"{'n/a' if r.target_s is None else f'{r.target_s:.0f}'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
+    parser.add_argument("--gpus", type=int, nargs="+", default=[0])
+    parser.add_argument("--budget", type=float, default=500.0)
+    parser.add_argument("--target", type=float, default=0.8)
+    parser.add_argument("--dry-run", action="store_true", help="write the copies, check them")
+    args = parser.parse_args(argv)
+    out = args.out.resolve()
+    work = out / "work-quickstart"
+    work.mkdir(parents=True, exist_ok=True)
+    runs = [ModeRun(m, args.gpus[i % len(args.gpus)]) for i, m in enumerate(args.modes)]
+    if args.dry_run:
+        failures = 0
+        for run in runs:
+            path = work / f"{run.mode}.toml"
+            ports = free_ports(2, first=24000 + 10 * MODES.index(run.mode))
+            path.write_text(tomli_w.dumps(profile_copy(run.mode, run.gpu, ports, work)))
+            done = subprocess.run(
+                [sys.executable, "-m", "grpo_tui", "check", str(path)],
+                capture_output=True, text=True, cwd=REPO,
+            )  # fmt: skip
+            failures += done.returncode != 0
+            print(f"== {run.mode}: check exit {done.returncode}\n{done.stdout[-800:]}{done.stderr}")
+        return 1 if failures else 0
+    deadline = time.time() + args.budget
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
+        list(pool.map(lambda r: watch(r, work, deadline, args.target), runs))
+    info = facts(args)
+    text = markdown(runs, info, args)
+    (out / "quickstart_gpu.md").write_text(text)
+    raw = {"facts": info, "runs": [asdict(r) for r in runs]}
+    (out / "quickstart_gpu.json").write_text(json.dumps(raw, indent=1))
+    print(text, flush=True)
+    return 0 if all(r.status == "reached" for r in runs) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""benchmarks/quickstart_gpu.py without a GPU: the per-mode copies of the profile check,
+differ from it only where running modes side by side needs, and the target is judged on
+5-step means."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import quickstart_gpu  # noqa: E402
+
+from grpo_tui.profile import load_profile  # noqa: E402
+from grpo_tui.roles import build_plan  # noqa: E402
+
+
+@pytest.mark.parametrize("mode", quickstart_gpu.MODES)
+def test_copy_changes_only_mode_ports_gpu_and_output(tmp_path: Path, mode: str) -> None:
+    body = quickstart_gpu.profile_copy(mode, 1, [8200, 8201], tmp_path / "runs")
+    shipped = tomllib.loads(quickstart_gpu.PROFILE.read_text())
+    assert body["trainer"] | {"gpus": [0]} == shipped["trainer"]
+    assert body["env"] == shipped["env"] and body["run"]["tiny"] == shipped["run"]["tiny"]
+    path = tmp_path / "p.toml"
+    path.write_text(quickstart_gpu.tomli_w.dumps(body))
+    specs = {s.name: s for s in build_plan(load_profile(path), tmp_path / "run").specs}
+    assert specs["trainer"].env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert specs["inference"].env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert f"--weight-bridge-mode {mode}" in " ".join(specs["trainer"].command) or mode == "none"
+
+
+def test_target_is_the_first_five_step_mean_to_reach_it(tmp_path: Path) -> None:
+    rewards = [0.1, 0.1, 0.1, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]  # 5-step means .42 .58 .74 .9 .9
+    run_dir = tmp_path / "runs" / "quickstart-gpu-x"
+    run_dir.mkdir(parents=True)
+    lines = [
+        {"type": "metrics", "process": "trainer", "step": i + 1, "t": 100.0 + 2 * i,
+         "data": {"reward/mean": r, "step_time": 0.1}}
+        for i, r in enumerate(rewards)
+    ]  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    run = quickstart_gpu.ModeRun("shared_vllm", 0)
+    quickstart_gpu.read(run, tmp_path, began=90.0, target=0.8)
+    assert run.rewards == rewards
+    assert (run.target_step, run.target_s) == (8, 100.0 + 2 * 7 - 90.0)
+    text = quickstart_gpu.markdown(
+        [run], {}, quickstart_gpu.argparse.Namespace(gpus=[0], target=0.8)
+    )
+    assert "| shared_vllm | 0 | not run | 9 | 0.420 | 0.900 | 8 | 24 |" in text
