@@ -14,7 +14,7 @@
 # not touched. Three files come back in $OUT: colocate_toy.md, colocate_gpu.md and
 # colocate_all.tar.gz (raw JSON, diagnostics, run logs, vLLM's logs, this script's log).
 # Before: the vLLM parts in /root/vv/part-* (carried one per call, see docs/gpu.md).
-# Call:   run(command="bash benchmarks/colocate_device.sh toy:240 memory", carry=[".whl"],
+# Call:   run(command="bash benchmarks/colocate_device.sh toy:250 memory", carry=[".whl"],
 #             kind="nvidia-h200", timeout_s=600)
 # flashinfer: vLLM 0.24's sleep mode was not seen to need it in its sources; if vLLM's log
 # says "No module named 'flashinfer'", the wheels in .whl/fi/ (not installed otherwise, so
@@ -24,7 +24,8 @@
 set -uo pipefail
 OUT=${OUT:-/tmp/colocate_out}
 mkdir -p "$OUT"
-W=$(mktemp -d /tmp/colocate_device.XXXXXX)
+W=$(mktemp -d /tmp/colocate_device.XXXXXX)   # what comes back (packed at the end)
+TOY_WORK=$W-toy MEMORY_WORK=$W-memory          # run directories, models: not packed
 exec > >(tee -a "$W/colocate_device.log") 2>&1
 TOTAL=${COLOCATE_TOTAL:-545}
 CPU=${COLOCATE_CPU:-0}
@@ -42,7 +43,7 @@ fi
 export CUDA_VISIBLE_DEVICES=0 PYTHONUNBUFFERED=1
 
 flashinfer_missing() {
-  grep -rqs "No module named 'flashinfer'" /tmp/colocate_toy
+  grep -rqs "No module named 'flashinfer'" "$TOY_WORK"
 }
 
 use_flashinfer() {
@@ -53,17 +54,17 @@ use_flashinfer() {
 }
 
 toy() {
-  rm -rf /tmp/colocate_toy "$W/toy"
+  rm -rf "$TOY_WORK" "$W/toy"
   timeout -k 10 "$1" python3 benchmarks/gpu_modes.py "${TOY[@]}" --modes colocate \
     --orphan-backend off --parallel 1 --port-base 23100 --budget $(($1 - 20)) \
-    --out "$W/toy" --work /tmp/colocate_toy
+    --stop-grace 15 --out "$W/toy" --work "$TOY_WORK"
 }
 
 status=0
 for item in "$@"; do
   stage=${item%%:*}
   cap=${item#*:}
-  left=$((TOTAL - SECONDS - 15))
+  left=$((TOTAL - SECONDS - 30))
   [ "$cap" = "$item" ] && cap=$left
   [ "$cap" -gt "$left" ] && cap=$left
   if [ "$cap" -lt 60 ]; then echo "colocate_device: no time left for $stage"; status=1; continue; fi
@@ -82,8 +83,9 @@ for item in "$@"; do
     memory)
       flashinfer_missing && [ "$CPU" != 1 ] && ! python3 -c "import flashinfer" 2>/dev/null \
         && use_flashinfer
-      timeout -k 10 "$cap" python3 benchmarks/colocate_gpu.py "${MEMORY[@]}" --out "$W" \
-        --work /tmp/colocate_gpu --budget $((cap - 15)) --cell-seconds 55
+      # SIGTERM at the cap: the script stops its vLLM server (8 s grace) before the SIGKILL
+      timeout -k 25 "$cap" python3 benchmarks/colocate_gpu.py "${MEMORY[@]}" --out "$W" \
+        --work "$MEMORY_WORK" --budget $((cap - 15))
       rc=$? ;;
     *) echo "colocate_device: unknown stage $stage"; rc=2 ;;
   esac
@@ -95,8 +97,8 @@ done
 [ -f "$W/toy/gpu_modes.md" ] && cp "$W/toy/gpu_modes.md" "$OUT/colocate_toy.md"
 [ -f "$W/colocate_gpu.md" ] && cp "$W/colocate_gpu.md" "$OUT/colocate_gpu.md"
 mkdir -p "$W/server_logs"
-for log in /tmp/colocate_gpu/*/server.log; do
+for log in "$MEMORY_WORK"/*/server.log; do
   [ -f "$log" ] && tail -n 400 "$log" > "$W/server_logs/$(basename "$(dirname "$log")").log"
 done
-tar czf "$OUT/colocate_all.tar.gz" -C "$W" . && rm -rf "$W"
+tar czf "$OUT/colocate_all.tar.gz" -C "$W" . && rm -rf "$W" "$TOY_WORK" "$MEMORY_WORK"
 exit $status
