@@ -245,6 +245,37 @@ def _builtin_command(
     return InferenceLaunch(argv=[*argv, *settings.extra_args], env={})
 
 
+VLLM_FLAGS = {
+    "max_model_len": "--max-model-len",
+    "gpu_memory_utilization": "--gpu-memory-utilization",
+    "enforce_eager": "--enforce-eager",
+    "tensor_parallel_size": "--tensor-parallel-size",
+    "data_parallel_size": "--data-parallel-size",
+}
+SGLANG_FLAGS = {
+    "max_model_len": "--context-length",
+    "gpu_memory_utilization": "--mem-fraction-static",
+    "enforce_eager": "--disable-cuda-graph",
+    "tensor_parallel_size": "--tp-size",
+    "data_parallel_size": "--dp-size",
+}
+"""Each engine's flag for the same optional settings (vLLM's and SGLang's names)."""
+
+
+def _engine_flags(settings: InferenceSettings, names: dict[str, str]) -> list[str]:
+    """The optional engine settings that are set, under the engine's own flag names."""
+    argv: list[str] = []
+    for key in ("max_model_len", "gpu_memory_utilization"):
+        if (value := getattr(settings, key)) is not None:
+            argv += [names[key], str(value)]
+    if settings.enforce_eager:
+        argv.append(names["enforce_eager"])
+    for key in ("tensor_parallel_size", "data_parallel_size"):
+        if (size := getattr(settings, key)) > 1:
+            argv += [names[key], str(size)]
+    return argv
+
+
 def _vllm_command(
     settings: InferenceSettings, *, mode: str, model: str, adapter: str | None
 ) -> InferenceLaunch:
@@ -255,16 +286,7 @@ def _vllm_command(
         "--logprobs-mode",
         "processed_logprobs",
     ]
-    if settings.max_model_len is not None:
-        argv += ["--max-model-len", str(settings.max_model_len)]
-    if settings.gpu_memory_utilization is not None:
-        argv += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
-    if settings.enforce_eager:
-        argv.append("--enforce-eager")
-    if settings.tensor_parallel_size > 1:
-        argv += ["--tensor-parallel-size", str(settings.tensor_parallel_size)]
-    if settings.data_parallel_size > 1:
-        argv += ["--data-parallel-size", str(settings.data_parallel_size)]
+    argv += _engine_flags(settings, VLLM_FLAGS)
     if not is_loopback(settings.host):
         argv += ["--middleware", VLLM_TOKEN_GUARD]
     env: dict[str, str] = {}
@@ -335,16 +357,7 @@ def _sglang_command(
         str(settings.seed),
         "--enable-metrics",
     ]
-    if settings.max_model_len is not None:
-        argv += ["--context-length", str(settings.max_model_len)]
-    if settings.gpu_memory_utilization is not None:
-        argv += ["--mem-fraction-static", str(settings.gpu_memory_utilization)]
-    if settings.enforce_eager:
-        argv.append("--disable-cuda-graph")
-    if settings.tensor_parallel_size > 1:
-        argv += ["--tp-size", str(settings.tensor_parallel_size)]
-    if settings.data_parallel_size > 1:
-        argv += ["--dp-size", str(settings.data_parallel_size)]
+    argv += _engine_flags(settings, SGLANG_FLAGS)
     if mode in LORA_MODES:
         argv += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank)]
         argv += ["--lora-target-modules", "all"]
