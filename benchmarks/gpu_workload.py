@@ -68,6 +68,8 @@ MIB = 1024 * 1024
 PARTS = ("floor", "sync", "trl", "overlap", "lora", "trl-server", "colocate")
 NEEDS = {"floor": 120, "sync": 90, "trl": 120, "overlap": 90, "lora": 90, "colocate": 90}
 """Seconds a part needs at least (start-ups included) to be worth starting."""
+CAPS = {"floor": 200, "sync": 160, "trl": 200, "overlap": 160, "lora": 160, "colocate": 160}
+"""Seconds a part may take at most, so that one that hangs leaves time to the next."""
 TRL_SERVER_REASON = (
     "not run: TRL's server mode pushes weights over NCCL from the trainer to the server, "
     "and NCCL refuses two ranks on one GPU; each size has one GPU here"
@@ -646,6 +648,20 @@ def combine(paths: list[Path]) -> str:
 # --------------------------------------------------------------------------- main
 
 
+def save(args: argparse.Namespace, parts: list[Part], info: dict[str, str], out: Path) -> str:
+    """Write this size's JSON (every number, and the table) and markdown; returns the table."""
+    text = markdown(args, parts, info)
+    raw = {
+        "facts": info,
+        "args": {k: str(v) for k, v in vars(args).items()},
+        "parts": [asdict(p) for p in parts],
+        "markdown": text,
+    }
+    (out / f"gpu_workload_{args.size}.json").write_text(json.dumps(raw, indent=1, default=str))
+    (out / f"gpu_workload_{args.size}.md").write_text(text)
+    return text
+
+
 def dry_run(args: argparse.Namespace, work: Path) -> int:
     """Write every grpo-tui part's profile and ``grpo-tui check`` it; print the TRL argv."""
     failures = 0
@@ -755,30 +771,21 @@ def main(argv: list[str] | None = None) -> int:
             parts.append(Part(name, name, status=f"not run: out of time ({left:.0f} s left)"))
             continue
         print(f"gpu_workload {args.size}: {name} with {left:.0f} s left", flush=True)
+        deadline = min(end, time.monotonic() + CAPS[name] * (3 if args.quick else 1))
         try:
             if name == "floor":
-                result = run_floor(args, work, end)
+                result = run_floor(args, work, deadline)
             elif name == "trl":
-                result = run_trl(args, work, end)
+                result = run_trl(args, work, deadline)
             else:
-                result = run_grpo(args, name, work, end)
+                result = run_grpo(args, name, work, deadline)
         except Exception as error:  # one broken part must not cost the others
             result = Part(name, name, status="error", reason=f"{type(error).__name__}: {error}")
         print(f"gpu_workload {args.size}: {name} {result.status} steps {result.step_times}",
               flush=True)  # fmt: skip
         parts.append(result)
-        (out / f"gpu_workload_{args.size}.json").write_text(
-            json.dumps({"parts": [asdict(p) for p in parts]}, indent=1, default=str)
-        )
-    text = markdown(args, parts, info)
-    raw = {
-        "facts": info,
-        "args": {k: str(v) for k, v in vars(args).items()},
-        "parts": [asdict(p) for p in parts],
-        "markdown": text,
-    }
-    (out / f"gpu_workload_{args.size}.json").write_text(json.dumps(raw, indent=1, default=str))
-    (out / f"gpu_workload_{args.size}.md").write_text(text)
+        save(args, parts, info, out)  # after every part: a killed run keeps its rows
+    text = save(args, parts, info, out)
     print(text, flush=True)
     print(f"gpu_workload {args.size}: done in {time.monotonic() - began:.0f} s", flush=True)
     return 0 if all(p.status == "ok" for p in parts if p.part != "trl-server") else 1
