@@ -41,10 +41,10 @@ class HotSwapSync(WeightSync):
         vLLM's engine can die when an adapter is reloaded while generations use it
         (vllm-project/vllm#13698, seen on an H200 with 0.24.0), so generation is paused
         (``wait``: in-flight requests finish first) around the reload there. SGLang has
-        no in-place reload: :func:`replace_adapter` unloads and loads while paused.
+        no in-place reload: :func:`replace_adapter` unloads and loads from a stable path.
         """
         if self.context.backend == "sglang":
-            replace_adapter(self.client, self.context.served_model_name, str(path.resolve()))
+            replace_adapter(self.client, self.context.served_model_name, path)
             return
         body = {
             "lora_name": self.context.served_model_name,

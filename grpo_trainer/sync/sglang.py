@@ -1,22 +1,25 @@
 """SGLang's weight-update APIs, as the sync strategies use them.
 
 Mode ``none`` on SGLang needs no restart: the trainer writes the full weights and asks the
-running server to load them in place (``POST /update_weights_from_disk``, which pauses
-and flushes the KV cache itself). The LoRA modes replace the served adapter between
-``/pause_generation`` and ``/continue_generation`` (SGLang's documented order for weight
-updates): ``/unload_lora_adapter`` then ``/load_lora_adapter`` under the same name, since
-SGLang has no in-place reload. SGLang answers ``{"success": false, "message": ...}`` with
-HTTP 200 on some failures, so the flag is checked, not just the status.
+running server to load them in place (``POST /update_weights_from_disk``, which waits for
+running requests and flushes the KV cache itself). The LoRA modes replace the served
+adapter with ``/unload_lora_adapter`` then ``/load_lora_adapter`` under the same name,
+since SGLang has no in-place reload; see :func:`replace_adapter` for why there is no
+pause around them. SGLang answers ``{"success": false, "message": ...}`` (HTTP 400, or
+200 in older releases) on failures, so the flag is checked, not just the status.
 
 Untested on a GPU so far (SGLang cannot run on this project's CPU CI): the request and
-answer shapes follow SGLang's documentation (docs/advanced_features/sglang_for_rl.md,
-lora.ipynb).
+answer shapes and the adapter bookkeeping were read from the SGLang 0.5.17 wheel's
+sources (``entrypoints/http_server.py``, ``managers/io_struct.py``,
+``managers/tokenizer_control_mixin.py``, ``lora/lora_registry.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import time
+from pathlib import Path
 from typing import Any
 
 from torch import nn
@@ -25,9 +28,8 @@ from grpo_trainer.sync.artifacts import prune_served, save_full
 from grpo_trainer.sync.base import SyncContext, SyncResult, WeightSync
 from grpo_trainer.sync.client import InferenceClient, SyncError
 
-PAUSE_MODE = "retract"
-"""Running requests go back to the waiting queue and resume after the update (``abort``
-would fail them, ``in_place`` keeps KV that the update invalidates)."""
+CURRENT_ADAPTER = "adapter_current"
+"""The stable path SGLang loads the served adapter from: a symlink to the newest one."""
 
 
 def _succeeded(answer: Any, what: str) -> None:
@@ -42,24 +44,41 @@ def update_from_disk(client: InferenceClient, path: str, step: int) -> None:
     _succeeded(client.post("/update_weights_from_disk", json=body).json(), "weight update")
 
 
-def replace_adapter(client: InferenceClient, name: str, path: str) -> None:
-    """Serve the adapter at ``path`` as ``name``, in place of any adapter of that name.
+def point_current(adapter: Path) -> Path:
+    """Make ``served/adapter_current`` point at ``adapter`` (atomically); the link's path."""
+    link = adapter.parent.resolve() / CURRENT_ADAPTER
+    tmp = link.with_name(f".tmp-{CURRENT_ADAPTER}-{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(adapter.name)
+    os.replace(tmp, link)
+    return link
 
-    The unload is refused when no adapter of that name is loaded yet (the first load, or
-    a server restarted with none): that refusal is expected and ignored; a server that is
-    down fails the load that follows.
+
+def replace_adapter(client: InferenceClient, name: str, adapter: Path) -> None:
+    """Serve ``adapter`` as ``name``, in place of any adapter of that name.
+
+    SGLang 0.5.17's unload waits until no request holds the adapter, and a request holds
+    it until it finishes, paused or not: with generation paused (``/pause_generation``,
+    any mode but ``abort``) the unload would wait forever. So no pause: the unload waits
+    for the running requests. A request that arrives meanwhile finds the name gone and
+    SGLang reloads the adapter itself from the path it was loaded from, before our load
+    gets its turn. That path is :data:`CURRENT_ADAPTER`, already pointing at the new
+    adapter, so whichever load comes first serves the new weights, and ours answering
+    "already loaded" is that case. The unload is refused when no adapter of that name is
+    loaded yet (the first load, a restarted server): expected and ignored.
     """
-    client.post("/pause_generation", json={"mode": PAUSE_MODE})
+    path = str(point_current(adapter))
+    with contextlib.suppress(SyncError):
+        _succeeded(
+            client.post("/unload_lora_adapter", json={"lora_name": name}).json(),
+            "adapter unload",
+        )
     try:
-        with contextlib.suppress(SyncError):
-            _succeeded(
-                client.post("/unload_lora_adapter", json={"lora_name": name}).json(),
-                "adapter unload",
-            )
         answer = client.post("/load_lora_adapter", json={"lora_name": name, "lora_path": path})
         _succeeded(answer.json(), "adapter load")
-    finally:
-        client.post("/continue_generation", json={})
+    except SyncError as error:
+        if "already loaded" not in str(error):  # not SGLang's own reload of the same path
+            raise
 
 
 class SglangDiskSync(WeightSync):

@@ -180,24 +180,49 @@ class Recorder:
         return httpx.Response(status, json=answer)
 
 
-def test_adapter_replaced_between_pause_and_continue_and_a_missing_one_is_fine() -> None:
+def served(tmp_path: Path, *names: str) -> list[Path]:
+    """Adapter directories as the trainer leaves them in ``served/``."""
+    paths = [tmp_path / "served" / name for name in names]
+    for path in paths:
+        path.mkdir(parents=True)
+        (path / "adapter_config.json").write_text(json.dumps({"name": path.name}))
+    return paths
+
+
+def test_adapter_replaced_from_a_stable_path_without_a_pause(tmp_path: Path) -> None:
+    first, second = served(tmp_path, "adapter_step_3", "adapter_step_4")
     api = Recorder({"/unload_lora_adapter": (400, {"message": "LoRA adapter policy not found"})})
-    replace_adapter(api.client(), "policy", "/ckpt/served/adapter_step_3")
+    replace_adapter(api.client(), "policy", first)
+    current = str(tmp_path.resolve() / "served" / "adapter_current")
+    # no /pause_generation: SGLang's unload waits for requests that a pause would hold
     assert api.calls == [
-        ("/pause_generation", {"mode": "retract"}),
         ("/unload_lora_adapter", {"lora_name": "policy"}),
-        ("/load_lora_adapter", {"lora_name": "policy", "lora_path": "/ckpt/served/adapter_step_3"}),
-        ("/continue_generation", {}),
+        ("/load_lora_adapter", {"lora_name": "policy", "lora_path": current}),
     ]
+    assert json.loads((Path(current) / "adapter_config.json").read_text())["name"] == first.name
+    replace_adapter(api.client(), "policy", second)  # the same path, now the new adapter
+    assert api.calls[-1] == ("/load_lora_adapter", {"lora_name": "policy", "lora_path": current})
+    assert json.loads((Path(current) / "adapter_config.json").read_text())["name"] == second.name
+    assert first.is_dir()  # pruning is the strategy's business (served/ keeps a history)
 
 
-def test_a_refused_load_raises_and_generation_still_continues() -> None:
-    api = Recorder(
+def test_sglangs_own_reload_of_the_stable_path_counts_and_other_refusals_raise(
+    tmp_path: Path,
+) -> None:
+    (adapter,) = served(tmp_path, "adapter_step_5")
+    already = "Failed to load LoRA adapter policy because it is already loaded"
+    api = Recorder({"/load_lora_adapter": (400, {"success": False, "error_message": already})})
+    replace_adapter(api.client(), "policy", adapter)  # a request's reload came first: fine
+    refused = Recorder(
+        {"/load_lora_adapter": (400, {"success": False, "error_message": "rank 64 > 16"})}
+    )
+    with pytest.raises(SyncError, match="rank 64 > 16"):
+        replace_adapter(refused.client(), "policy", adapter)
+    flag_only = Recorder(
         {"/load_lora_adapter": (200, {"success": False, "error_message": "rank 64 > 16"})}
     )
     with pytest.raises(SyncError, match="adapter load failed: rank 64 > 16"):
-        replace_adapter(api.client(), "policy", "/a")
-    assert api.calls[-1] == ("/continue_generation", {})
+        replace_adapter(flag_only.client(), "policy", adapter)
 
 
 def test_full_weights_reloaded_from_disk_and_a_failure_says_why() -> None:
