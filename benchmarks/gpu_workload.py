@@ -412,7 +412,8 @@ def floor_train(
 
 
 def run_floor(args: argparse.Namespace, work: Path, deadline: float) -> Part:
-    result = Part("floor", "vLLM alone + our trainer alone")
+    server = "vLLM" if args.backend == "vllm" else "built-in server"
+    result = Part("floor", f"{server} alone + our trainer alone")
     with GpuPeak(args.gpu) as peak:
         batches = floor_generate(args, work, result, deadline - 60)
         floor_train(args, work, batches, result, deadline)
@@ -486,7 +487,8 @@ def run_grpo(args: argparse.Namespace, part: str, work: Path, deadline: float) -
 
 def run_trl(args: argparse.Namespace, work: Path, deadline: float) -> Part:
     """TRL GRPOTrainer with vLLM colocate (``trl_workload.py``) in its own process group."""
-    result = Part("trl", "TRL GRPOTrainer, vLLM colocate")
+    how = "vLLM colocate" if args.backend == "vllm" else "transformers generate (CPU check)"
+    result = Part("trl", f"TRL GRPOTrainer, {how}")
     out = work / "trl.json"
     argv = [sys.executable, str(REPO / "benchmarks/trl_workload.py"), "--model", str(args.model)]
     argv += ["--out", str(out), "--prompts", str(args.prompts)]
