@@ -751,9 +751,9 @@ def main(argv: list[str] | None = None) -> int:
 
         info["trl"] = importlib.metadata.version("trl")
     args.model = work / "model"
-    device = "cpu" if args.gpu is None or args.dry_run else f"cuda:{args.gpu}"
-    if args.gpu is not None and not args.dry_run:
-        os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
+    device = "cpu" if args.gpu is None or args.dry_run else "cuda:0"
+    if args.gpu is not None and not args.dry_run:  # this process too sees its GPU only
+        os.environ |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(args.gpu)}
     args.params = build_model(args.model, args.shape, device)
     print(f"gpu_workload {args.size}: model {args.params / 1e9:.2f} B built in "
           f"{time.monotonic() - began:.0f} s; {info}", flush=True)  # fmt: skip
