@@ -208,6 +208,17 @@ def build_model(path: Path, shape: dict[str, int]) -> tuple[Path, int]:
     return path, count
 
 
+def sglang_cli() -> list[str]:
+    """SGLang's server through the running interpreter. ``SGLANG_PATH`` (set by
+    ``sglang_device.sh``: SGLang's own transformers pin) goes first on its PYTHONPATH only,
+    so the trainer and environments keep the image's transformers."""
+    cli = [sys.executable, "-m", "sglang.launch_server"]
+    extra = os.environ.get("SGLANG_PATH")
+    if not extra:
+        return cli
+    return ["env", f"PYTHONPATH={extra}:{os.environ.get('PYTHONPATH', '')}", *cli]
+
+
 def vllm_cli() -> list[str]:
     """vLLM's CLI through the running interpreter (its wheels may sit on PYTHONPATH only)."""
     return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
@@ -243,7 +254,7 @@ def profile_for(
         inference |= {
             "enforce_eager": True,  # --disable-cuda-graph: seconds, not a minute, per start
             "gpu_memory_utilization": args.gpu_memory_utilization,
-            "sglang_executable": [sys.executable, "-m", "sglang.launch_server"],
+            "sglang_executable": sglang_cli(),
             # Triton kernels and torch sampling: nothing for flashinfer to JIT-compile on a
             # machine without the CUDA toolkit or network.
             "extra_args": ["--attention-backend", "triton", "--sampling-backend", "pytorch"]

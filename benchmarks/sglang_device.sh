@@ -7,10 +7,15 @@
 # With SGLANG_WITH_VLLM=1 and the vLLM parts also carried (/root/vv), vLLM runs the same
 # modes at the same settings beside it, for the side-by-side table.
 #
-# Before: `bash benchmarks/sglang_wheels.sh` here, then carry each part, one call each:
+# Before: `bash benchmarks/sglang_wheels.sh` here (1.3 GB: 30 parts), then carry each part,
+# one call each, back to back (files outside the repo copy last while the machine is warm):
 #   run(command="mkdir -p /root/sg && cp .sglang-wheels/part-00 /root/sg/",
-#       carry=[".sglang-wheels/part-00"])      ... and so on for every part
+#       carry=[".sglang-wheels/part-00"])      ... and so on to part-29
 # Call:   run(command="bash benchmarks/sglang_device.sh", carry=[".whl"], timeout_s=600)
+# Install: wheels of packages the image already has are skipped (its torch 2.11.0+cu130 keeps
+# its own CUDA libraries); SGLang's transformers 5.12.1 and tokenizers go to /tmp/sgtf, on
+# the SGLang server's PYTHONPATH only (SGLANG_PATH, read by gpu_modes.py): with the image's
+# transformers 5.17, SGLang 0.5.17 fails at import (it registers `qwen3_asr` again).
 # Output ($OUT): gpu_modes.md (table: sync latency median/max, inference and trainer tok/s,
 # reward first vs last steps, per mode), gpu_modes.json, gpu_diagnostics.md, gpu_runs.tar.gz,
 # sglang_device.log. Copy gpu_modes.md to benchmarks/results/sglang_modes.md.
@@ -28,12 +33,31 @@ if ! ls /root/sg/part-* >/dev/null 2>&1; then
   exit 3
 fi
 if [ ! -d /tmp/sgsite/sglang ]; then   # a warm machine keeps /tmp/sgsite between calls
+  echo "sglang_device: unpacking $(ls /root/sg/part-* | wc -l) parts (30 expected)"
   mkdir -p /root/sgb && cat /root/sg/part-* | tar xf - -C /root/sgb || exit 3
+  mapfile -t missing < <(python3 - /root/sgb/bundle <<'PY'
+import importlib.metadata as metadata
+import pathlib
+import sys
+
+for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
+    name = wheel.name.split("-")[0]
+    if name in ("transformers", "tokenizers"):
+        continue  # SGLang's own pins: /tmp/sgtf
+    try:
+        metadata.version(name)  # the image has it: keep the image's build
+    except metadata.PackageNotFoundError:
+        print(wheel)
+PY
+  )
+  echo "sglang_device: installing ${#missing[@]} wheels the image lacks"
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sgsite \
-    /root/sgb/bundle/*.whl .whl/*.whl || exit 3
+    "${missing[@]}" .whl/*.whl || exit 3
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/sgtf \
+    /root/sgb/bundle/transformers-*.whl /root/sgb/bundle/tokenizers-*.whl || exit 3
 fi
 backends=(sglang)
-export PYTHONPATH=$PWD:/tmp/sgsite
+export PYTHONPATH=$PWD:/tmp/sgsite SGLANG_PATH=/tmp/sgtf
 if [ "${SGLANG_WITH_VLLM:-0}" = 1 ]; then
   source benchmarks/gpu_setup.sh      # unpacks vLLM into /tmp/site, sets PYTHONPATH
   export PYTHONPATH=$PYTHONPATH:/tmp/sgsite
@@ -43,13 +67,16 @@ echo "sglang_device: installed in ${SECONDS}s"
 nvidia-smi --query-gpu=index,name,memory.total,memory.used,driver_version --format=csv
 python3 - <<'PY'
 import importlib.metadata as m
-for dist in ("torch", "transformers", "sglang", "sgl-kernel", "flashinfer-python", "peft"):
+for dist in ("torch", "torchvision", "transformers", "sglang", "sglang-kernel",
+             "flashinfer-python", "peft"):
     try:
         print(dist, m.version(dist))
     except m.PackageNotFoundError:
         print(dist, "not installed")
 PY
-python3 -c "import sglang.launch_server" || { echo "sglang_device: sglang does not import"; exit 4; }
+PYTHONPATH=$SGLANG_PATH:$PYTHONPATH python3 -c "import sglang.launch_server, transformers; \
+print('sglang server side: transformers', transformers.__version__)" \
+  || { echo "sglang_device: sglang does not import"; exit 4; }
 
 rm -rf "$WORK"
 budget=$((TOTAL - SECONDS - 40))
