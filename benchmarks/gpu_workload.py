@@ -644,7 +644,7 @@ def combine(paths: list[Path]) -> str:
         "tokens/s = completion tokens per step / step time.",
         "",
     ]
-    return "\n".join(head) + "\n".join(texts)
+    return "\n".join(head) + "\n" + "\n".join(texts)
 
 
 # --------------------------------------------------------------------------- main

@@ -55,11 +55,13 @@ nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
 python3 benchmarks/gpu_workload.py --combine "$OUT"/gpu_workload_*.json > "$OUT/gpu_workload.md"
 cat "$OUT/gpu_workload.md"
 # At most 8 files come back: the tables and the console at the top, the rest in one archive
-# (no model weights, rollout databases or batch files).
+# (no model weights, rollout databases, batch files, nor any file over 4 MiB).
 (
   cd "$OUT" || exit
   find . \( -name '*.safetensors' -o -name 'floor-batches.jsonl' -o -name 'rollouts.db*' \
     -o -name 'checkpoints' -o -name '*-checkpoints' -o -name '*-run' \) -prune -exec rm -rf {} +
+  find . -mindepth 2 -type f -size +4M -name '*.log' -exec sh -c 'tail -c 2M "$1" > "$1.t"; mv "$1.t" "$1"' _ {} \;
+  find . -mindepth 2 -type f -size +4M -print -delete  # weights, adapters, shared-weight files: named here
   tar czf /tmp/gpu_workload_all.tar.gz --exclude=gpu_workload.log --exclude='gpu_workload*.md' .
   rm -rf -- work-*/ ./*.json gpu_workload_*.log
   mv /tmp/gpu_workload_all.tar.gz all.tar.gz

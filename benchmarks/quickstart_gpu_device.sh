@@ -22,6 +22,8 @@ nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
   cd "$OUT" || exit
   find . \( -name '*.safetensors' -o -name 'rollouts.db*' -o -name 'checkpoints' \) \
     -prune -exec rm -rf {} +
+  find . -mindepth 2 -type f -size +4M -name '*.log' -exec sh -c 'tail -c 2M "$1" > "$1.t"; mv "$1.t" "$1"' _ {} \;
+  find . -mindepth 2 -type f -size +4M -print -delete
   tar czf /tmp/quickstart_all.tar.gz --exclude=quickstart_gpu.log --exclude=quickstart_gpu.md .
   rm -rf -- work-quickstart/ ./*.json
   mv /tmp/quickstart_all.tar.gz all.tar.gz
