@@ -57,6 +57,18 @@ class ModeRun:
     leftovers: list[str] = field(default_factory=list)
 
 
+def place(modes: list[str], gpus: list[int]) -> list[ModeRun]:
+    """Each mode's GPU: ``colocate`` gets the last GPU to itself (vLLM asserts when another
+    process allocates on its GPU while it falls asleep, docs/inference.md), the other modes
+    share the rest round-robin; on one GPU, ``colocate`` runs after the others."""
+    shared = gpus[:-1] if "colocate" in modes and len(gpus) > 1 else gpus
+    others = [m for m in modes if m != "colocate"]
+    runs = [ModeRun(m, shared[i % len(shared)]) for i, m in enumerate(others)]
+    if "colocate" in modes:
+        runs.append(ModeRun("colocate", gpus[-1]))
+    return runs
+
+
 def profile_copy(mode: str, gpu: int, ports: list[int], out: Path) -> dict[str, Any]:
     """The quickstart-gpu profile with only what running modes side by side needs changed."""
     body = tomllib.loads(PROFILE.read_text())
@@ -176,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out.resolve()
     work = out / "work-quickstart"
     work.mkdir(parents=True, exist_ok=True)
-    runs = [ModeRun(m, args.gpus[i % len(args.gpus)]) for i, m in enumerate(args.modes)]
+    runs = place(args.modes, args.gpus)
     if args.dry_run:
         failures = 0
         for run in runs:
@@ -193,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.time() + args.budget
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=len(runs)) as pool:
-        list(pool.map(lambda r: watch(r, work, deadline, args.target), runs))
+    alone = [r for r in runs if r.mode == "colocate" and len(args.gpus) == 1]
+    for batch in ([r for r in runs if r not in alone], alone):  # colocate sleeps alone
+        with ThreadPoolExecutor(max_workers=max(1, len(batch))) as pool:
+            list(pool.map(lambda r: watch(r, work, deadline, args.target), batch))
     info = facts(args)
     text = markdown(runs, info, args)
     (out / "quickstart_gpu.md").write_text(text)

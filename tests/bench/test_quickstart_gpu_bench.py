@@ -52,3 +52,11 @@ def test_target_is_the_first_five_step_mean_to_reach_it(tmp_path: Path) -> None:
         [run], {}, quickstart_gpu.argparse.Namespace(gpus=[0], target=0.8)
     )
     assert "| shared_vllm | 0 | not run | 9 | 0.420 | 0.900 | 8 | 24 |" in text
+
+
+def test_colocate_gets_a_gpu_of_its_own() -> None:
+    runs = quickstart_gpu.place(list(quickstart_gpu.MODES), [0, 1])
+    assert {r.mode: r.gpu for r in runs} == {
+        "shared_vllm": 0, "lora_only": 0, "none": 0, "lora_restart": 0, "colocate": 1
+    }  # fmt: skip
+    assert {r.gpu for r in quickstart_gpu.place(["shared_vllm", "colocate"], [3])} == {3}
