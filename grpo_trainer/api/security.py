@@ -29,12 +29,14 @@ class TokenGuard:
         self.open_paths = open_paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in self.open_paths:
+        if scope["type"] not in ("http", "websocket") or scope["path"] in self.open_paths:
             await self.app(scope, receive, send)
             return
         given = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(given, self.expected):
+        if hmac.compare_digest(given, self.expected):
+            await self.app(scope, receive, send)
+        elif scope["type"] == "websocket":  # refuse the handshake (vLLM serves some)
+            await send({"type": "websocket.close", "code": 1008})
+        else:
             reason = "wrong bearer token" if given else "missing 'Authorization: Bearer' token"
             await JSONResponse({"detail": reason}, status_code=401)(scope, receive, send)
-            return
-        await self.app(scope, receive, send)

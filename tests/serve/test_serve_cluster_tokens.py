@@ -24,7 +24,8 @@ from pathlib import Path
 import httpx
 import pytest
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from fastapi.testclient import TestClient
 from serve_helpers import free_port
 
 from grpo_trainer.serve.settings import (
@@ -49,6 +50,13 @@ def vllm_like_app() -> FastAPI:
         app.add_api_route(path, lambda: {"ok": True}, methods=["GET"])
     for path in DEV_ROUTES:
         app.add_api_route(path, lambda: {"ok": True}, methods=["POST"])
+
+    @app.websocket("/v1/realtime")
+    async def realtime(socket: WebSocket) -> None:
+        await socket.accept()
+        await socket.send_text("open")
+        await socket.close()
+
     module_path, name = VLLM_TOKEN_GUARD.rsplit(".", 1)
     app.add_middleware(getattr(importlib.import_module(module_path), name))
     return app
@@ -99,6 +107,23 @@ def test_vllm_guard_covers_dev_routes_and_our_client_sends_the_token(
             keyless.post("/collective_rpc")
     finally:
         keyless.close()
+
+
+def test_vllm_guard_refuses_a_websocket_without_the_token(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """vLLM serves websocket routes too (its realtime API): the handshake needs the token."""
+    monkeypatch.setenv("VLLM_API_KEY", KEY)
+    with TestClient(vllm_like_app()) as client:
+        with (
+            pytest.raises(WebSocketDisconnect) as refused,
+            client.websocket_connect("/v1/realtime"),
+        ):
+            pass
+        assert refused.value.code == 1008
+        bearer = {"Authorization": f"Bearer {KEY}"}
+        with client.websocket_connect("/v1/realtime", headers=bearer) as socket:
+            assert socket.receive_text() == "open"
 
 
 def test_vllm_guard_without_a_token_refuses_to_serve(monkeypatch: pytest.MonkeyPatch) -> None:
