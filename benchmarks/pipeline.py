@@ -26,6 +26,7 @@ an older commit unpacked outside the repository), each code tree through its own
 
     python benchmarks/pipeline.py --before /tmp/base --modes shared_vllm lora_only
     python benchmarks/pipeline.py --repeats 3 --steps 120
+    python benchmarks/pipeline.py --before /tmp/base --startup-only 5
 """
 
 from __future__ import annotations
@@ -253,12 +254,22 @@ def main() -> None:
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads of the floor (1, as in the stack)"
     )
+    parser.add_argument(
+        "--startup-only",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only the start-up table: N short runs per tree (interleaved) after the cold one",
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     trees = [("ours", REPO)] + ([("before", args.before.resolve())] if args.before else [])
     print(f"# pipeline benchmark  cpus={os.cpu_count()}  load at start {load()}\n", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        if args.startup_only:
+            _startup_only(args, trees, work)
+            return
         model = build_tiny_model(work / "model", seed=0)
         print("## Built-in server: 16 concurrent requests of n=8 (max_tokens 6)\n")
         print("| code | sequences/s | round ms | load |")
@@ -292,6 +303,21 @@ def main() -> None:
                           f"0.8 {secs(r.to_target)} s, load {r.load} -->", flush=True)  # fmt: skip
         _report(args, trees, floors, runs)
         _report_startup(trees, colds, runs)
+
+
+def _startup_only(args: argparse.Namespace, trees: list[tuple[str, Path]], work: Path) -> None:
+    """The cold run per tree, then ``--startup-only`` short runs per tree, interleaved."""
+    colds = [
+        stack_run(tree, label, args.modes[0], SKIP + 2, work, work / f"cache-{label}")
+        for label, tree in trees
+    ]
+    runs = []
+    for _ in range(args.startup_only):
+        for label, tree in trees:
+            run_ = stack_run(tree, label, args.modes[0], SKIP + 2, work, work / f"cache-{label}")
+            runs.append(run_)
+            print(f"<!-- {label}: first step {secs(run_.first_step)} s, load {run_.load} -->")
+    _report_startup(trees, colds, runs)
 
 
 def _report_startup(

@@ -490,7 +490,8 @@ def _describe_spec(index: int, spec: ProcessSpec) -> list[str]:
     lines = [
         f"{index}. {spec.name} [{spec.role}]",
         f"   command:    {shlex.join(_masked(spec.command))}",
-        f"   depends_on: {deps or '-'}",
+        f"   depends_on: {deps or '-'}"
+        + (" (spawned at once, waits at its start gate)" if spec.prestart and deps else ""),
         f"   readiness:  {describe_probe(spec.readiness)}",
     ]
     if spec.liveness is not None:

@@ -33,6 +33,8 @@ def test_check_passes_and_prints_the_plan(profile: Path) -> None:
     assert "api -> inference -> trainer -> env" in result.output
     host = "node1" if "[cluster]" in profile.read_text() else "127.0.0.1"
     assert f"readiness:  http GET http://{host}:9001/health" in result.output
+    if profile.name == "quickstart.toml":  # inference, trainer and env prestart
+        assert result.output.count("waits at its start gate") == 3
 
 
 @pytest.mark.parametrize("mode", MODES)
