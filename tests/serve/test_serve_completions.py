@@ -30,8 +30,16 @@ def trainer_logprobs(
     return out[:, len(prompt_ids) - 1 :]
 
 
-def test_answer_has_vllm_shape(complete) -> None:
+def test_answer_has_vllm_shape(complete, tiny_model_dir: Path) -> None:
     body = complete(prompt=PROMPT, n=3, max_tokens=5, logprobs=0, return_token_ids=True, seed=1)
+    again = complete(prompt=PROMPT, n=3, max_tokens=5, logprobs=0, return_token_ids=True, seed=1)
+    tokenizer = load_tokenizer(tiny_model_dir)
+    for choice in [*body["choices"], *again["choices"]]:  # token texts are remembered
+        texts = [tokenizer.decode([t]) for t in choice["token_ids"]]
+        assert choice["logprobs"]["tokens"] == texts
+        assert choice["logprobs"]["text_offset"] == [
+            len("".join(texts[:i])) for i in range(len(texts))
+        ]
     assert body["object"] == "text_completion"
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     completion_tokens = 0
