@@ -271,9 +271,21 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
         }
 
     @app.post("/scored_data", openapi_extra=_json_body(GROUP.json_schema()))
-    async def scored_data(request: Request) -> dict[str, str]:
-        await ingest(request, many=False)
-        return {"status": "received"}
+    async def scored_data(
+        request: Request,
+        env_status: bool = Query(
+            False,
+            description="also answer the group's environment's /status-env (as env_status), "
+            "read after the group was queued: saves the environment a request per group",
+        ),
+    ) -> dict[str, Any]:
+        (group,) = await ingest(request, many=False)
+        answer: dict[str, Any] = {"status": "received"}
+        if env_status and group.env_id is not None:
+            status = await read_env_status(group.env_id)
+            if status is not None:
+                answer["env_status"] = status
+        return answer
 
     @app.post(
         "/scored_data_list",
@@ -349,6 +361,47 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
             log.info("live edit: %s", changed)
             settings = settings.model_copy(update=changed)
 
+    def status_for(env_id: int) -> dict[str, Any] | None:
+        """What ``/status-env`` answers for ``env_id`` (None: not registered).
+
+        Runs on the store's thread; expires overdue leases first, so every answer (from
+        ``/status-env`` or a ``/scored_data?env_status=true``) counts the same queue.
+        """
+        env = store.env(env_id)
+        if env is None:
+            return None
+        store.expire_leases()
+        envs = store.envs()
+        pending = store.pending()
+        reg = store.registration() or {}
+        batch_size = reg.get("batch_size", 0)
+        total_weight = sum(e.max_token_length * max(0.0, e.weight) for e in envs if e.connected)
+        share = env.max_token_length * env.weight / total_weight if total_weight else 1.0
+        reserved = sum(e.min_batch_allocation or 0 for e in envs if e.connected)
+        queued = sum(p.size for p in pending)
+        own = sum(p.size for p in pending if p.env_id == env_id)
+        queued_batches = queued / batch_size if batch_size else 0.0
+        bound = settings.max_batches_offpolicy
+        leased = store.leased_batches()
+        full = queued_batches >= bound if bound else (queued_batches >= 1 or leased > 0)
+        return {
+            "current_step": store.current_step(),
+            "queue_size": queued // env.group_size,
+            "unallocated_fraction": 1.0 - min(reserved, 1.0),
+            "self_queue_size": own // env.group_size,
+            "max_group_size": max((p.size for p in pending), default=1),
+            "env_weight": max(0.01, share),
+            "queued_batches": queued_batches,
+            "max_batches_offpolicy": bound,
+            "leased_batches": leased,
+            "pause": full,
+        }
+
+    async def read_env_status(env_id: int) -> dict[str, Any] | None:
+        """Live edits taken, then ``status_for`` on the store's thread."""
+        take_edits()
+        return await db.call(status_for, env_id)
+
     @app.get("/status-env")
     async def status_env(
         request: Request,
@@ -357,43 +410,14 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
     ) -> dict[str, Any]:
         if env_id is None:
             env_id = _parse(ENV_IDENTIFIER, await request.body()).env_id
-        take_edits()
-
-        def read(env_id: int) -> dict[str, Any]:
-            env = store.env(env_id)
-            if env is None:
-                raise HTTPException(404, f"env_id {env_id} is not registered")
-            store.expire_leases()
-            envs = store.envs()
-            pending = store.pending()
-            reg = store.registration() or {}
-            batch_size = reg.get("batch_size", 0)
-            total_weight = sum(e.max_token_length * max(0.0, e.weight) for e in envs if e.connected)
-            share = env.max_token_length * env.weight / total_weight if total_weight else 1.0
-            reserved = sum(e.min_batch_allocation or 0 for e in envs if e.connected)
-            queued = sum(p.size for p in pending)
-            own = sum(p.size for p in pending if p.env_id == env_id)
-            queued_batches = queued / batch_size if batch_size else 0.0
-            bound = settings.max_batches_offpolicy
-            leased = store.leased_batches()
-            full = queued_batches >= bound if bound else (queued_batches >= 1 or leased > 0)
-            return {
-                "current_step": store.current_step(),
-                "queue_size": queued // env.group_size,
-                "unallocated_fraction": 1.0 - min(reserved, 1.0),
-                "self_queue_size": own // env.group_size,
-                "max_group_size": max((p.size for p in pending), default=1),
-                "env_weight": max(0.01, share),
-                "queued_batches": queued_batches,
-                "max_batches_offpolicy": bound,
-                "leased_batches": leased,
-                "pause": full,
-            }
-
         deadline = time.monotonic() + wait
-        while (answer := await db.call(read, env_id))["pause"] and time.monotonic() < deadline:
+        while True:
+            answer = await read_env_status(env_id)
+            if answer is None:
+                raise HTTPException(404, f"env_id {env_id} is not registered")
+            if not answer["pause"] or time.monotonic() >= deadline:
+                return answer
             await db.wait_for_change(deadline - time.monotonic())
-        return answer
 
     @app.get("/latest_example")
     async def latest_example() -> Response:

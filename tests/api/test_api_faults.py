@@ -189,6 +189,17 @@ def test_late_ack_is_refused_and_the_batch_requeued(api: httpx.Client) -> None:
     assert markers(api.get("/batch").json()["batch"]) == [1, 2]
 
 
+def test_post_with_env_status_sees_an_expired_lease_requeued(api: httpx.Client) -> None:
+    start_run(api)
+    api.post("/scored_data_list", json=[group(1), group(2)])
+    assert api.get("/batch", params={"lease": 0.3}).json()["batch_id"]
+    time.sleep(0.4)  # the behaviour under test is the lease running out
+    answer = api.post("/scored_data", json=group(3), params={"env_status": "true"}).json()
+    status = answer["env_status"]
+    assert (status["leased_batches"], status["queue_size"], status["queued_batches"]) == (0, 3, 1.5)
+    assert api.post("/scored_data", json=group(4)).json() == {"status": "received"}
+
+
 def test_leases_and_acks_survive_an_api_restart(
     start_api: Callable[..., ApiServer], tmp_path: Path
 ) -> None:

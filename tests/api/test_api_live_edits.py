@@ -1,4 +1,5 @@
-"""The real API takes a live ``max_batches_offpolicy`` edit at the next ``/status-env``."""
+"""The real API takes a live ``max_batches_offpolicy`` edit at the next ``/status-env``
+(or ``/scored_data?env_status=true``)."""
 
 from __future__ import annotations
 
@@ -27,6 +28,16 @@ def test_max_batches_offpolicy_edit_pauses_environments_sooner(
         record_edit(run_dir, {"max_batches_offpolicy": 1})
         status = client.get("/status-env", params={"env_id": ids["toy"]}).json()
         assert status["max_batches_offpolicy"] == 1 and status["pause"] is True
+
+        # a post asking for its environment's status takes the next edit just the same
+        record_edit(run_dir, {"max_batches_offpolicy": 2})
+        answer = client.post(
+            "/scored_data", json=group(3, env_id=ids["toy"]), params={"env_status": "true"}
+        ).json()
+        posted = answer["env_status"]
+        assert (posted["queued_batches"], posted["max_batches_offpolicy"]) == (1.5, 2)
+        assert posted["pause"] is False
+        assert posted == client.get("/status-env", params={"env_id": ids["toy"]}).json()
 
 
 def test_zero_bound_is_synchronous_environments_wait_for_the_ack(start_api) -> None:

@@ -4,11 +4,13 @@ back-pressure pauses production until the trainer takes a batch."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 import torch
 from env_procs import (
@@ -21,7 +23,12 @@ from env_procs import (
     wait_until,
 )
 
+from grpo_trainer.envs.base import Connection, EnvRunner
+from grpo_trainer.envs.groups import build_group
+from grpo_trainer.envs.inference import Sample
+from grpo_trainer.envs.settings import EnvSettings
 from grpo_trainer.envs.task import Prompt
+from grpo_trainer.envs.tokenizer import FastTokenizer
 from grpo_trainer.envs.toy import RepeatDigit
 from grpo_trainer.models import load_model, load_tokenizer
 
@@ -136,3 +143,56 @@ def test_env_registers_again_after_an_api_reset(spawn, tmp_path, tiny_model, inf
     assert {g["env_id"] for g in trainer.take()} == {ids[0]}
     assert env.text().count("registering again") == 1, "every worker registered on its own"
     trainer.close()
+
+
+class CountingTransport(httpx.AsyncHTTPTransport):
+    """Real HTTP, counting requests per path (to see which requests the runner makes)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.paths: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.paths.append(request.url.path)
+        return await super().handle_async_request(request)
+
+
+async def test_status_returned_with_a_post_saves_the_next_status_request(
+    spawn, tmp_path, tiny_model
+) -> None:
+    """Our API answers a post with the queue status; the runner uses it for the next group
+    while it shows room, and asks ``/status-env`` again once it shows a full queue."""
+    api = start_api(spawn, tmp_path, "--max-batches-offpolicy", "1")
+    trainer = Trainer(api, batch_size=4)
+    trainer.register()
+    runner = EnvRunner(
+        RepeatDigit(), EnvSettings(group_size=2), Connection(api, "http://127.0.0.1:9"),
+        FastTokenizer.from_dir(tiny_model),
+    )  # fmt: skip
+    counting = CountingTransport()
+    runner.api = httpx.AsyncClient(base_url=api, transport=counting, timeout=10.0)
+    samples = [Sample([7, 8], [-0.5, -0.25], "stop"), Sample([9], [-1.5], "stop")]
+    group = build_group([1, 2, 3], samples, [1, 0], temperature=1.0, policy_version=0)
+    try:
+        assert await runner.register() is not None
+        assert await runner._wait_for_room() == 0
+        assert await runner._post(group)  # half a batch queued: room left
+        assert await runner._wait_for_room() == 0
+        assert counting.paths.count("/status-env") == 1
+        assert await runner._post(group)  # one whole batch queued: the bound
+        runner.status_poll = 0.05
+        waiting = asyncio.create_task(runner._wait_for_room())
+
+        async def asked_again() -> None:
+            while counting.paths.count("/status-env") < 2:
+                await asyncio.sleep(0.01)
+
+        await asyncio.wait_for(asked_again(), 30)
+        assert not waiting.done()  # the full queue was asked about, not assumed
+        assert len(trainer.take()) == 2
+        assert await asyncio.wait_for(waiting, 30) == 1
+    finally:
+        runner.stop()
+        await runner.api.aclose()
+        await runner.inference.aclose()
+        trainer.close()
