@@ -12,7 +12,8 @@ In one run, side by side (markdown tables on stdout):
 3. **Per-stage breakdown** of a step from the runs' own metrics: the trainer's wait for
    data, its compute (``step_time``) and the rest of its loop (fetch/parse, ack, sync,
    report); per group in the environment, the wait for queue room, the completions request
-   and the post (``env/latency/*``, reported by environments from this change on).
+   and the post (``env/latency/*``, reported by environments from this change on); the CPU
+   a step costs in each process (the supervisor's resource samples).
 4. **Start-up**: when each process reached its milestone (API ready, model built,
    inference ready, trainer ready, env ready, first step), from the runs' ``events.jsonl``;
    once with the tiny model's build cache empty (a short extra run per tree), then the
@@ -225,7 +226,22 @@ def stack_run(tree: Path, label: str, mode: str, steps: int, work: Path, cache: 
     for stage in ("room", "inference", "post"):
         values = [d[f"env/latency/{stage}_s"] for d in envs if f"env/latency/{stage}_s" in d]
         result.breakdown[f"env {stage} (per group)"] = median(values)
+    for process, busy in cpu_percent(run_dir, times[SKIP], times[-1]).items():
+        result.breakdown[f"CPU {process} (per step)"] = (
+            None if result.step is None else busy / 100 * result.step
+        )
     return result
+
+
+def cpu_percent(run_dir: Path, start: float, end: float) -> dict[str, float]:
+    """Mean CPU % of each process tree between ``start`` and ``end`` (the supervisor's
+    ``ResourceSample`` events): times the step time, the CPU a step costs per process."""
+    samples: dict[str, list[float]] = {}
+    for line in (run_dir / "events.jsonl").open():
+        event = json.loads(line)
+        if event.get("type") == "ResourceSample" and start <= event["t"] <= end:
+            samples.setdefault(event["process"], []).append(event["cpu_percent"])
+    return {process: statistics.mean(values) for process, values in sorted(samples.items())}
 
 
 # ---- 3. the in-process floor --------------------------------------------------------------
