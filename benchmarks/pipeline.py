@@ -271,6 +271,13 @@ def main() -> None:
         "--threads", type=int, default=1, help="torch threads of the floor (1, as in the stack)"
     )
     parser.add_argument(
+        "--server-only",
+        type=int,
+        default=0,
+        metavar="N",
+        help="only the built-in server's throughput: N measurements per tree, alternated",
+    )
+    parser.add_argument(
         "--startup-only",
         type=int,
         default=0,
@@ -287,6 +294,9 @@ def main() -> None:
             _startup_only(args, trees, work)
             return
         model = build_tiny_model(work / "model", seed=0)
+        if args.server_only:
+            _server_only(args, trees, model)
+            return
         print("## Built-in server: 16 concurrent requests of n=8 (max_tokens 6)\n")
         print("| code | sequences/s | round ms | load |")
         print("|---|---|---|---|")
@@ -319,6 +329,26 @@ def main() -> None:
                           f"0.8 {secs(r.to_target)} s, load {r.load} -->", flush=True)  # fmt: skip
         _report(args, trees, floors, runs)
         _report_startup(trees, colds, runs)
+
+
+def _server_only(args: argparse.Namespace, trees: list[tuple[str, Path]], model: Path) -> None:
+    """``--server-only`` measurements per tree, alternated (ABBA...), then the medians."""
+    print("## Built-in server: 16 concurrent requests of n=8 (max_tokens 6), alternated\n")
+    print("| run | code | sequences/s | round ms | load |")
+    print("|---|---|---|---|---|")
+    rates: dict[str, list[float]] = {label: [] for label, _ in trees}
+    for turn in range(args.server_only):
+        order = trees if turn % 2 == 0 else trees[::-1]
+        for label, tree in order:
+            before = load()
+            rate, round_time = server_throughput(tree, model, args.server_rounds)
+            rates[label].append(rate)
+            print(f"| {turn} | {label} | {rate:.0f} | {round_time * 1000:.0f} | {before} |",
+                  flush=True)  # fmt: skip
+    medians = {label: statistics.median(values) for label, values in rates.items()}
+    print("\nmedian sequences/s: " + ", ".join(f"{k} {v:.0f}" for k, v in medians.items()))
+    if "before" in medians:
+        print(f"throughput ours / before: {medians['ours'] / medians['before']:.2f}x")
 
 
 def _startup_only(args: argparse.Namespace, trees: list[tuple[str, Path]], work: Path) -> None:

@@ -30,7 +30,9 @@ from grpo_trainer.serve.sampling import SamplingParams, processed_logprobs, samp
 from grpo_trainer.serve.scheduler import BatchScheduler, Pending
 
 BATCH_WINDOW = 0.002
-"""Seconds an idle engine waits for more requests to join the first one's batch."""
+"""Seconds without a new request after which an idle engine starts the batch it has."""
+BATCH_MAX_WAIT = 0.02
+"""The most seconds an idle engine waits for company for the first request."""
 
 
 @dataclass
@@ -96,7 +98,7 @@ class Engine:
         self.seeds = seeds or random.Random()
         self._batch_generator: torch.Generator | None = None
         self.scheduler: BatchScheduler[Generation] = BatchScheduler(
-            self._run_batch, max_rows=max_batch_rows, window=batch_window
+            self._run_batch, max_rows=max_batch_rows, window=batch_window, max_wait=BATCH_MAX_WAIT
         )
 
     def _generator(self, seed: int | None) -> torch.Generator:
