@@ -2,9 +2,9 @@
 # ONE device call (kind nvidia-h200-x2): benchmarks/gpu_workload.py for the Qwen2.5-0.5B
 # shape on GPU 0 and the 1.5B shape on GPU 1, at the same time, each size measured
 # entirely on its own GPU (every process of a size gets CUDA_VISIBLE_DEVICES of its GPU;
-# the profiles pin trainer and vLLM there with `gpus`). On one GPU (kind nvidia-h200), one
-# size per call: GPU_WORKLOAD_LANES="1.5b:0" bash benchmarks/gpu_workload_device.sh. Everything ends inside GPU_TOTAL
-# (default 570 s; the call's limit is 600).
+# the profiles pin trainer and vLLM there with `gpus`). Everything ends inside GPU_TOTAL
+# (default 570 s; the call's limit is 600). On one GPU (kind nvidia-h200), one size per
+# call: GPU_WORKLOAD_LANES="1.5b:0" bash benchmarks/gpu_workload_device.sh.
 # Before: the vLLM parts in /root/vv/part-* (docs/gpu.md), and here: .whl (tomli_w) and
 # .trl-wheels (benchmarks/trl_wheels.sh), carried with the call.
 # Call:   run(command="bash benchmarks/gpu_workload_device.sh", carry=[".whl", ".trl-wheels"],
@@ -35,9 +35,10 @@ for name in names:
 print("versions", found, "| cuda devices", torch.cuda.device_count())
 PY
 budget=$((TOTAL - SECONDS - 40))
-echo "gpu_workload_device: ${GPU_WORKLOAD_LANES:-0.5b:0 1.5b:1} with ${budget}s each from $(date -u +%T)"
+LANES=${GPU_WORKLOAD_LANES:-0.5b:0 1.5b:1}  # size:GPU pairs, run side by side
+echo "gpu_workload_device: $LANES with ${budget}s each from $(date -u +%T)"
 pids=()
-for pair in ${GPU_WORKLOAD_LANES:-0.5b:0 1.5b:1}; do
+for pair in $LANES; do
   size=${pair%%:*}
   gpu=${pair#*:}
   # shellcheck disable=SC2086
