@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One device call, GPU 0 only (kind nvidia-h200 or nvidia-h200-x2 with other work on GPU 1):
+# One device call, one GPU only: COLOCATE_GPU (physical index, default 0), so other work can
+# use the host's other GPUs in the same call (kind nvidia-h200, or -x2/-x4 beside other work):
 # `colocate` on vLLM, in stages, each inside its own time cap (seconds, after the stage name),
 # the whole script inside COLOCATE_TOTAL (default 545 s).
 #   toy     benchmarks/gpu_modes.py --modes colocate: the toy task through `grpo-tui run`
@@ -9,9 +10,9 @@
 #           shape, the largest batch that trains and the step time (same
 #           gpu_memory_utilization 0.5, so vLLM's KV cache is half the card), then the
 #           per-step sleep + wake + load overhead at the 0.5B and 3B shapes while time is left
-# Every process is pinned to GPU 0 (CUDA_VISIBLE_DEVICES=0, the profiles' gpus = [0]) and
-# uses ports from 23100 (other benchmarks use 21000+), so work on GPU 1 in the same call is
-# not touched. Three files come back in $OUT: colocate_toy.md, colocate_gpu.md and
+# Every process is pinned to that GPU (CUDA_VISIBLE_DEVICES, the profiles' gpus = [N]) and
+# uses ports from 23100 (other benchmarks use 21000+), so work on other GPUs in the same
+# call is not touched. Three files come back in $OUT: colocate_toy.md, colocate_gpu.md and
 # colocate_all.tar.gz (raw JSON, diagnostics, run logs, vLLM's logs, this script's log).
 # Before: the vLLM parts in /root/vv/part-* (carried one per call, see docs/gpu.md).
 # Call:   run(command="bash benchmarks/colocate_device.sh toy:250 memory", carry=[".whl"],
@@ -29,6 +30,7 @@ TOY_WORK=$W-toy MEMORY_WORK=$W-memory          # run directories, models: not pa
 exec > >(tee -a "$W/colocate_device.log") 2>&1
 TOTAL=${COLOCATE_TOTAL:-545}
 CPU=${COLOCATE_CPU:-0}
+GPU=${COLOCATE_GPU:-0}
 if [ "$CPU" = 1 ]; then
   export PYTHONPATH=$PWD
   TOY=(--backends builtin --device cpu --quick --dtype float32)
@@ -37,10 +39,10 @@ if [ "$CPU" = 1 ]; then
 else
   # shellcheck source=benchmarks/gpu_setup.sh
   source benchmarks/gpu_setup.sh
-  TOY=(--backends vllm --pin-gpu 0 --steps "${TOY_STEPS:-40}")
-  MEMORY=()
+  TOY=(--backends vllm --pin-gpu "$GPU" --steps "${TOY_STEPS:-40}")
+  MEMORY=()  # in-process cuda:0 and its vLLM child: the GPU CUDA_VISIBLE_DEVICES names
 fi
-export CUDA_VISIBLE_DEVICES=0 PYTHONUNBUFFERED=1
+export CUDA_VISIBLE_DEVICES=$GPU PYTHONUNBUFFERED=1
 
 flashinfer_missing() {
   grep -rqs "No module named 'flashinfer'" "$TOY_WORK"

@@ -71,8 +71,8 @@ NEEDS = {"floor": 120, "sync": 90, "trl": 120, "overlap": 90, "lora": 90, "coloc
 CAPS = {"floor": 200, "sync": 160, "trl": 200, "overlap": 160, "lora": 160, "colocate": 160}
 """Seconds a part may take at most, so that one that hangs leaves time to the next."""
 TRL_SERVER_REASON = (
-    "not run: TRL's server mode pushes weights over NCCL from the trainer to the server, "
-    "and NCCL refuses two ranks on one GPU; each size has one GPU here"
+    "not run: TRL's server mode pushes weights over NCCL from the trainer to a server on "
+    "another GPU (NCCL refuses two ranks on one GPU); every system here is measured on one GPU"
 )
 
 
@@ -87,6 +87,8 @@ class Part:
     step_times: list[float] = field(default_factory=list)
     startup_s: float | None = None
     gpu_peak_mib: float | None = None
+    gpu: int | None = None
+    """The GPU it ran on (a size's parts may be spread over GPUs of one host, one call)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -555,7 +557,8 @@ def markdown(args: argparse.Namespace, parts: list[Part], info: dict[str, str]) 
     engine = engine if args.backend == "vllm" else "built-in inference server (CPU check)"
     lines = [
         f"## {args.shape} at random init ({args.params / 1e9:.2f} B parameters), "
-        f"{info.get('device', '?')}, " + ("CPU" if args.gpu is None else f"GPU {args.gpu}"),
+        f"{info.get('device', '?')}, "
+        + ("CPU" if args.gpu is None else f"GPU {', '.join(map(str, gpus_of(parts, args)))}"),
         "",
         f"- date {info.get('date')}; torch {info.get('torch')}, transformers "
         f"{info.get('transformers')}, vLLM {info.get('vllm')}, TRL {info.get('trl', '?')}, "
@@ -568,9 +571,9 @@ def markdown(args: argparse.Namespace, parts: list[Part], info: dict[str, str]) 
         f"checkpointing; {engine}; "
         f"{args.steps} steps per run, the first not counted",
         "",
-        "| part | system | status | steps counted | step time median (s) | end-to-end "
+        "| part | system | GPU | status | steps counted | step time median (s) | end-to-end "
         "completion tok/s | vs floor | GPU peak MiB | start-up s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in parts:
         step = p.step
@@ -585,7 +588,8 @@ def markdown(args: argparse.Namespace, parts: list[Part], info: dict[str, str]) 
         status = p.status if not p.reason else f"{p.status}: {p.reason[:300]}"
         status = status.replace("|", "/").replace("\n", " ")
         lines.append(
-            f"| {p.part} | {p.system} | {status} | {len(p.step_times)} | {_s(step)} | "
+            f"| {p.part} | {p.system} | {'-' if p.gpu is None else p.gpu} | {status} | "
+            f"{len(p.step_times)} | {_s(step)} | "
             f"{'n/a' if rate is None else f'{rate:,.0f}'} | {versus} | "
             f"{'n/a' if p.gpu_peak_mib is None else f'{p.gpu_peak_mib:,.0f}'} | "
             f"{_s(p.startup_s)} |"
@@ -632,16 +636,36 @@ def verdicts(
     return out
 
 
+def gpus_of(parts: list[Part], args: argparse.Namespace) -> list[int]:
+    """The GPUs a size's parts ran on, in order of first use."""
+    return list(dict.fromkeys(p.gpu for p in parts if p.gpu is not None)) or [args.gpu]
+
+
 def combine(paths: list[Path]) -> str:
-    """One results file from the per-size JSON files."""
-    texts = [json.loads(p.read_text())["markdown"] for p in paths]
+    """One results file from the per-lane JSON files: one section per size, its parts from
+    every lane (GPU) of that size merged in ``PARTS`` order, so ratios to the floor hold
+    across lanes of one call."""
+    sizes: dict[str, tuple[argparse.Namespace, dict[str, str], list[Part]]] = {}
+    for path in paths:
+        raw = json.loads(path.read_text())
+        args = argparse.Namespace(**raw["args"])
+        lane = [Part(**p) for p in raw["parts"]]
+        for part in lane:
+            part.gpu = args.gpu if part.gpu is None else part.gpu
+        _, info, parts = sizes.setdefault(args.size, (args, raw["facts"], []))
+        parts += lane
+    texts = []
+    for args, info, parts in sizes.values():
+        parts.sort(key=lambda p: PARTS.index(p.part))
+        texts.append(markdown(args, parts, info))
     head = [
         "# GRPO at a real workload: floor, grpo-tui and TRL (benchmarks/gpu_workload.py)",
         "",
-        "Each size measured on its own GPU, all its parts one after the other in one call "
-        "(`benchmarks/gpu_workload_device.sh`). Step time = wall time between consecutive "
-        "optimizer steps (generation, data wait, training, sync), the first step excluded; "
-        "tokens/s = completion tokens per step / step time.",
+        "Each size's parts measured in one call (`benchmarks/gpu_workload_device.sh`), one "
+        "after the other on a GPU of their own, or spread over lanes (GPUs of one host, the "
+        "column GPU) when one GPU's call time does not hold them all. Step time = wall time "
+        "between consecutive optimizer steps (generation, data wait, training, sync), the "
+        "first step excluded; tokens/s = completion tokens per step / step time.",
         "",
     ]
     return "\n".join(head) + "\n" + "\n".join(texts)
@@ -652,10 +676,15 @@ def combine(paths: list[Path]) -> str:
 
 def save(args: argparse.Namespace, parts: list[Part], info: dict[str, str], out: Path) -> str:
     """Write this size's JSON (every number, and the table) and markdown; returns the table."""
+    for part in parts:
+        part.gpu = args.gpu if part.gpu is None else part.gpu
     text = markdown(args, parts, info)
     raw = {
         "facts": info,
-        "args": {k: str(v) for k, v in vars(args).items()},
+        "args": {
+            k: v if isinstance(v, int | float | str | list | None) else str(v)
+            for k, v in vars(args).items()
+        },
         "parts": [asdict(p) for p in parts],
         "markdown": text,
     }
@@ -740,6 +769,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.combine:
         print(combine(args.combine), end="")
         return 0
+    # SIGTERM (the device script's timeout) unwinds, so a running part stops its process
+    # group in its ``finally`` instead of leaving a run behind.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     began = time.monotonic()
     end = began + args.budget
     out: Path = args.out.resolve()

@@ -9,9 +9,12 @@
 # .trl-wheels (benchmarks/trl_wheels.sh), carried with the call.
 # Call:   run(command="bash benchmarks/gpu_workload_device.sh", carry=[".whl", ".trl-wheels"],
 #             kind="nvidia-h200-x2", timeout_s=600)
-# Out:    gpu_workload.md (both sizes: the results file), gpu_workload_0.5b.md,
-#         gpu_workload_1.5b.md, gpu_workload.log (the console), all.tar.gz (per size: JSON,
-#         console, profiles, metrics, logs). Extra gpu_workload.py flags: GPU_WORKLOAD_ARGS.
+# Out:    gpu_workload.md (every size: the results file), gpu_workload.log (the console),
+#         all.tar.gz (per lane: JSON, table, console, profiles, metrics, logs). Extra
+#         gpu_workload.py flags: GPU_WORKLOAD_ARGS.
+# Four GPUs (kind nvidia-h200-x4), every part of both sizes in one call:
+#   GPU_WORKLOAD_LANES="0.5b:0:floor,sync,overlap 0.5b:1:trl,trl-server,lora,colocate
+#     1.5b:2:floor,sync,overlap 1.5b:3:trl,trl-server,lora,colocate"
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
 mkdir -p "$OUT"
@@ -35,28 +38,31 @@ for name in names:
 print("versions", found, "| cuda devices", torch.cuda.device_count())
 PY
 budget=$((TOTAL - SECONDS - 40))
-LANES=${GPU_WORKLOAD_LANES:-0.5b:0 1.5b:1}  # size:GPU pairs, run side by side
+# Lanes run side by side, one per GPU: size:GPU, or size:GPU:part,part,... for some parts
+# only (a size's parts spread over GPUs when one GPU's call time does not hold them all;
+# --combine merges a size's lanes into one table, ratios against that call's floor).
+LANES=${GPU_WORKLOAD_LANES:-0.5b:0 1.5b:1}
 echo "gpu_workload_device: $LANES with ${budget}s each from $(date -u +%T)"
 pids=()
-for pair in $LANES; do
-  size=${pair%%:*}
-  gpu=${pair#*:}
+for lane in $LANES; do
+  IFS=: read -r size gpu parts <<<"$lane"
+  mkdir -p "$OUT/lane-$gpu"
   # shellcheck disable=SC2086
   timeout -k 10 $((budget + 15)) python3 benchmarks/gpu_workload.py --size "$size" \
-    --device "cuda:$gpu" --out "$OUT" --budget "$budget" ${GPU_WORKLOAD_ARGS:-} \
-    > "$OUT/gpu_workload_$size.log" 2>&1 &
+    --device "cuda:$gpu" --out "$OUT/lane-$gpu" --budget "$budget" \
+    ${parts:+--parts ${parts//,/ }} ${GPU_WORKLOAD_ARGS:-} > "$OUT/lane-$gpu/console.log" 2>&1 &
   pids+=($!)
 done
 status=0
 for pid in "${pids[@]}"; do
   wait "$pid" || status=$?
 done
-echo "gpu_workload_device: every size done after ${SECONDS}s (status $status)"
-tail -n 40 "$OUT"/gpu_workload_*.log
+echo "gpu_workload_device: every lane done after ${SECONDS}s (status $status)"
+tail -n 40 "$OUT"/lane-*/console.log
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
-python3 benchmarks/gpu_workload.py --combine "$OUT"/gpu_workload_*.json > "$OUT/gpu_workload.md"
+python3 benchmarks/gpu_workload.py --combine "$OUT"/lane-*/gpu_workload_*.json > "$OUT/gpu_workload.md"
 cat "$OUT/gpu_workload.md"
-# At most 8 files come back: the tables and the console at the top, the rest in one archive
+# At most 8 files come back: the table and the console at the top, the rest in one archive
 # (no model weights, rollout databases, batch files, nor any file over 4 MiB).
 (
   cd "$OUT" || exit
@@ -64,8 +70,8 @@ cat "$OUT/gpu_workload.md"
     -o -name 'checkpoints' -o -name '*-checkpoints' -o -name '*-run' \) -prune -exec rm -rf {} +
   find . -mindepth 2 -type f -size +4M -name '*.log' -exec sh -c 'tail -c 2M "$1" > "$1.t"; mv "$1.t" "$1"' _ {} \;
   find . -mindepth 2 -type f -size +4M -print -delete  # weights, adapters, shared-weight files: named here
-  tar czf /tmp/gpu_workload_all.tar.gz --exclude=gpu_workload.log --exclude='gpu_workload*.md' .
-  rm -rf -- work-*/ ./*.json gpu_workload_*.log
+  tar czf /tmp/gpu_workload_all.tar.gz lane-*
+  rm -rf -- lane-*/
   mv /tmp/gpu_workload_all.tar.gz all.tar.gz
 )
 ls -la "$OUT"

@@ -79,8 +79,37 @@ def test_report_keeps_what_did_not_run_and_judges_the_targets() -> None:
         gpu_workload.Part("lora", "ours"),  # never started: out of time
     ]
     text = gpu_workload.markdown(args, parts, {"device": "H200"})
-    assert "| lora | ours | not run: out of time | 0 |" in text
+    assert "| lora | ours | - | not run: out of time | 0 |" in text
     assert "sync step / floor sum: 1.12 (goal 1.15) -> met" in text
     assert "overlap step / floor max: 1.33 (goal 1.15) -> NOT met" in text
     assert "TRL tok/s: 2.00 (goal 1.3) -> met" in text  # TRL 16 s vs our best 8 s
     assert f"{512 * 256 / 11.2:,.0f}" in text  # end-to-end completion tokens/s of sync
+
+
+def test_combine_merges_a_sizes_lanes_and_judges_them_against_one_floor(tmp_path: Path) -> None:
+    """Lanes of one size (its parts spread over GPUs in one call) make one table: the lora
+    row on GPU 1 is compared with the floor of GPU 0, TRL with GPU 0's overlap."""
+    floor = gpu_workload.Part("floor", "floor", status="ok", step_times=[10.0])
+    floor.extra = {"sum_s": 10.0, "max_s": 6.0}
+    lanes = {
+        0: [floor, gpu_workload.Part("overlap", "ours", status="ok", step_times=[6.6, 6.6])],
+        1: [
+            gpu_workload.Part("trl", "TRL", status="ok", step_times=[13.2]),
+            gpu_workload.Part("lora", "ours", status="ok", step_times=[12.0]),
+        ],
+    }
+    paths = []
+    for gpu, parts in lanes.items():
+        args = gpu_workload.parse_args(["--out", str(tmp_path / f"lane-{gpu}"), "--device",
+                                        f"cuda:{gpu}"])  # fmt: skip
+        args.params = 494e6
+        args.out.mkdir()
+        gpu_workload.save(args, parts, {"device": "H200"}, args.out)
+        paths.append(args.out / "gpu_workload_0.5b.json")
+    text = gpu_workload.combine(paths)
+    assert text.count("## qwen2.5-0.5b") == 1 and "H200, GPU 0, 1" in text
+    rows = [line for line in text.splitlines() if line.startswith("| ")][1:]
+    assert [row.split(" | ")[0] for row in rows] == ["| floor", "| trl", "| overlap", "| lora"]
+    assert "| lora | ours | 1 | ok | 1 | 12.00 |" in text and "1.20x sum" in text
+    assert "overlap step / floor max: 1.10 (goal 1.15) -> met" in text
+    assert "TRL tok/s: 2.00 (goal 1.3) -> met" in text
