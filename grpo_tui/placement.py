@@ -12,15 +12,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import Field, TypeAdapter, ValidationError
 
 from grpo_trainer.serve.settings import GpuIndices, InferenceSettings
 from grpo_tui.launchers import Placement
 from grpo_tui.profile import Problem, Profile
 
 GPUS = TypeAdapter(GpuIndices)
+RANKS = TypeAdapter(Annotated[int, Field(ge=1, strict=True)])
 Report = Callable[[tuple[str, ...], str], None]
 
 
@@ -70,6 +71,32 @@ def trainer_gpus(
         return (), profile.validation_problems(error, ("trainer", "gpus"))
 
 
+def trainer_ranks(
+    profile: Profile, table: Mapping[str, Any], gpus: tuple[int, ...]
+) -> tuple[int, list[Problem]]:
+    """How many trainer processes run: ``len(gpus)``, or ``[trainer] ranks`` on CPU.
+
+    ``ranks = N`` runs N CPU ranks under torchrun (gloo): a sharded trainer without GPUs,
+    for CI and for trying a multi-rank layout on a laptop. On GPUs the list says it.
+    """
+    if "ranks" not in table:
+        return max(1, len(gpus)), []
+    try:
+        ranks = RANKS.validate_python(table["ranks"])
+    except ValidationError as error:
+        return max(1, len(gpus)), profile.validation_problems(error, ("trainer", "ranks"))
+    if gpus:
+        message = f"is {ranks}, but trainer.gpus already runs one rank per GPU: leave ranks out"
+        return len(gpus), [profile.problem(("trainer", "ranks"), message)]
+    if ranks > 1 and table.get("device", "cpu") != "cpu":
+        message = (
+            f"runs {ranks} CPU ranks, but trainer.device is {table['device']!r}: on GPUs "
+            "list them in trainer.gpus"
+        )
+        return ranks, [profile.problem(("trainer", "ranks"), message)]
+    return ranks, []
+
+
 def plan_gpus(
     profile: Profile,
     *,
@@ -77,11 +104,13 @@ def plan_gpus(
     trainer: tuple[int, ...] | None,
     trainer_device: str,
     inference: InferenceSettings | None,
+    ranks: int = 1,
 ) -> GpuPlan:
     """Check the roles' GPU keys together; ``None`` for a role the profile does not run.
 
     ``trainer_device`` is the device the trainer's table asks for (``cuda`` when it lists
-    ``gpus``); ``inference`` the validated ``[inference]`` settings.
+    ``gpus``); ``ranks`` its process count (``trainer_ranks``); ``inference`` the
+    validated ``[inference]`` settings.
     """
     plan = GpuPlan()
 
@@ -97,11 +126,11 @@ def plan_gpus(
             )
         plan.placements["trainer"] = Placement(
             gpus=trainer,
-            ranks=max(1, len(trainer)),
+            ranks=max(ranks, len(trainer)),
             on_gpu=bool(trainer) or trainer_device.startswith("cuda"),
         )
     if inference is not None:
-        _check_inference(inference, problem)
+        _check_inference(inference, mode, problem)
         gpus = tuple(inference.gpus or ())
         on_gpu = bool(gpus) or inference.backend != "builtin" or inference.device.startswith("cuda")
         plan.placements["inference"] = Placement(gpus=gpus, on_gpu=on_gpu)
@@ -110,7 +139,7 @@ def plan_gpus(
     return plan
 
 
-def _check_inference(settings: InferenceSettings, problem: Report) -> None:
+def _check_inference(settings: InferenceSettings, mode: str, problem: Report) -> None:
     gpus = tuple(settings.gpus or ())
     tp, dp = settings.tensor_parallel_size, settings.data_parallel_size
     if settings.backend == "builtin":
@@ -120,9 +149,17 @@ def _check_inference(settings: InferenceSettings, problem: Report) -> None:
                 f"lists {len(gpus)} GPUs, but the built-in backend serves on one GPU: "
                 "list one, or use backend = 'vllm'",
             )
-        for key, size in (("tensor_parallel_size", tp), ("data_parallel_size", dp)):
-            if size > 1:
-                problem(("inference", key), "is a vLLM setting: the built-in backend serves alone")
+        if tp > 1:
+            problem(
+                ("inference", "tensor_parallel_size"),
+                "is a vLLM setting: the built-in backend serves alone",
+            )
+        if dp > 1 and (gpus or settings.device != "cpu" or mode != "colocate"):
+            problem(
+                ("inference", "data_parallel_size"),
+                "is a vLLM setting: the built-in backend runs replicas only on CPU in "
+                "colocate (one per trainer rank, trainer.ranks)",
+            )
         if gpus and settings.device != "cuda":
             problem(
                 ("inference", "device"),
@@ -183,7 +220,7 @@ def _check_together(
             "(it would take ~0.9 of its memory): e.g. 0.45",
         )
     if mode == "colocate":
-        _check_colocate(trainer, served, problem)
+        _check_colocate(inference, trainer, served, problem)
     if mode != "shared_vllm" or inference.backend != "vllm":
         return
     if inference.weight_transfer == "cuda_ipc":
@@ -209,20 +246,47 @@ def _check_together(
         )
 
 
-def _check_colocate(trainer: Placement, served: Placement, problem: Report) -> None:
-    """``colocate`` time-shares one device: inference on the trainer's own GPU.
+def _check_colocate(
+    inference: InferenceSettings, trainer: Placement, served: Placement, problem: Report
+) -> None:
+    """``colocate`` time-shares each device: inference on the trainer's own GPUs.
 
-    N GPUs (FSDP2 ranks, one vLLM replica beside each) is not built yet.
+    One GPU: the trainer and one server on it. N GPUs (an FSDP2 trainer of N ranks): one
+    vLLM data-parallel replica (tensor parallel size 1) beside each rank, ``inference.gpus``
+    the trainer's list, each replica loaded from the gathered weights on its own GPU. On
+    CPU (``trainer.ranks``): the built-in server with one replica per rank.
     """
-    if trainer.ranks > 1 or len(served.gpus) > 1:
+    tp, dp = inference.tensor_parallel_size, inference.data_parallel_size
+    if trainer.ranks == 1 and len(served.gpus) <= 1 and dp == 1:
+        if trainer.gpus and served.gpus and trainer.gpus != served.gpus:
+            problem(
+                ("inference", "gpus"),
+                f"is {_gpu_list(served.gpus)} but trainer.gpus is {_gpu_list(trainer.gpus)}: "
+                "colocate time-shares one GPU, so list the trainer's",
+            )
+        return
+    where = "GPU" if trainer.gpus else "rank"
+    if trainer.gpus and inference.backend != "vllm":
+        problem(
+            ("inference", "backend"),
+            f"is {inference.backend!r}, but colocate on {len(trainer.gpus)} GPUs runs one vLLM "
+            "replica per trainer GPU: use backend = 'vllm'",
+        )
+    if not trainer.gpus and trainer.on_gpu:
         problem(
             ("trainer", "gpus"),
-            f"lists {len(trainer.gpus)} GPUs with inference.gpus {_gpu_list(served.gpus)}: "
-            "colocate runs the trainer and inference on one and the same GPU for now",
+            "is required: colocate on several GPUs runs one trainer rank and one inference "
+            "replica per GPU, so list them (and the same list in inference.gpus)",
         )
-    elif trainer.gpus and served.gpus and trainer.gpus != served.gpus:
+    if tp != 1:
         problem(
-            ("inference", "gpus"),
-            f"is {_gpu_list(served.gpus)} but trainer.gpus is {_gpu_list(trainer.gpus)}: "
-            "colocate time-shares one GPU, so list the trainer's",
+            ("inference", "tensor_parallel_size"),
+            f"is {tp}, but colocate on several GPUs runs one whole replica per trainer {where} "
+            "(each loads the gathered weights on its own GPU): set tensor_parallel_size = 1",
+        )
+    if dp != trainer.ranks:
+        problem(
+            ("inference", "data_parallel_size"),
+            f"is {dp}, but colocate runs one inference replica per trainer {where}: set "
+            f"data_parallel_size = {trainer.ranks} (the trainer's {trainer.ranks} ranks)",
         )

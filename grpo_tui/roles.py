@@ -45,7 +45,7 @@ from grpo_tui.cluster import (
     split_placement,
 )
 from grpo_tui.launchers import Launch, Placement, Srun, TorchrunNodes, launcher_for, step_name
-from grpo_tui.placement import GpuPlan, plan_gpus, trainer_gpus
+from grpo_tui.placement import GpuPlan, plan_gpus, trainer_gpus, trainer_ranks
 from grpo_tui.profile import (
     KeyPath,
     Problem,
@@ -92,7 +92,7 @@ TRAINER_WIRED = {
 }
 """Trainer keys the role layer derives from other tables (key -> source); not for profiles."""
 
-TRAINER_ROLE_KEYS = ("gpus",)
+TRAINER_ROLE_KEYS = ("gpus", "ranks")
 """Keys of the ``[trainer]`` table that the role layer reads and the trainer never sees."""
 
 TRAINER_SHUTDOWN = 120.0
@@ -168,6 +168,7 @@ class RoleLayer:
             self._env(index, table) for index, table in enumerate(profile.table("env") or [])
         ]
         self.trainer_gpus: tuple[int, ...] = ()
+        self.trainer_ranks = 1
         self._check_trainer_table()
         self.gpu_plan = self._place()
         self.problems += self.gpu_plan.problems
@@ -220,6 +221,7 @@ class RoleLayer:
             trainer=self.trainer_gpus if has_trainer else None,
             trainer_device=str(device),
             inference=self.inference if self.profile.has_role("inference") else None,
+            ranks=self.trainer_ranks,
         )
 
     def placement(self, name: str) -> Placement:
@@ -484,12 +486,14 @@ class RoleLayer:
         self.problems += _wired(self.profile, table, TRAINER_WIRED, ("trainer",))
         self.trainer_gpus, problems = trainer_gpus(self.profile, table)
         self.problems += problems
+        self.trainer_ranks, problems = trainer_ranks(self.profile, table, self.trainer_gpus)
+        self.problems += problems
         try:
             config = self.trainer_config()
         except ValidationError as error:
             self.problems += self.profile.validation_problems(error, ("trainer",), TrainerConfig)
             return
-        ranks = len(self.trainer_gpus)
+        ranks = self.trainer_ranks
         if ranks > 1 and config.step_batch_size % ranks:
             self.problems.append(
                 self.profile.problem(

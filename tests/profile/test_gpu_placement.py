@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from grpo_trainer.train.config import TrainerConfig
 from grpo_tui.cli import app
 from grpo_tui.launchers import GPU_ENV
 from grpo_tui.profile import load_profile
@@ -119,6 +120,27 @@ BAD = [
         "colocate",
         "inference.gpus",
         "the trainer's own GPUs",
+    ),
+    (  # colocate on N GPUs: one whole vLLM replica per trainer GPU
+        "gpus = [0, 1]\ntensor_parallel_size = 2\ngpu_memory_utilization = 0.4",
+        "gpus = [0, 1]",
+        "colocate",
+        "inference.tensor_parallel_size",
+        "set tensor_parallel_size = 1",
+    ),
+    (
+        "gpus = [0, 1]\ntensor_parallel_size = 2\ngpu_memory_utilization = 0.4",
+        "gpus = [0, 1]",
+        "colocate",
+        "inference.data_parallel_size",
+        "set data_parallel_size = 2 (the trainer's 2 ranks)",
+    ),
+    (
+        "gpus = [0, 1]\ndata_parallel_size = 2\ngpu_memory_utilization = 0.4",
+        "gpus = [0, 1]\nranks = 2",
+        "colocate",
+        "trainer.ranks",
+        "trainer.gpus already runs one rank per GPU",
     ),
 ]
 
@@ -242,3 +264,69 @@ def test_colocate_on_the_trainers_gpus_checks(tmp_path: Path) -> None:
     code, output = check(path)
     assert code == 0, output
     assert "gpus      trainer [0]; inference [0]" in output
+
+
+def test_colocate_on_two_gpus_runs_two_ranks_beside_two_vllm_replicas(tmp_path: Path) -> None:
+    inference = "gpus = [0, 1]\ndata_parallel_size = 2\ngpu_memory_utilization = 0.4"
+    path = write(tmp_path, inference, "gpus = [0, 1]", "colocate")
+    code, output = check(path)
+    assert code == 0, output
+    assert "trainer [0, 1] (2 ranks, torchrun); inference [0, 1] (vLLM " in output
+    found = specs(path, tmp_path)
+    trainer, served = found["trainer"], found["inference"]
+    assert flag(trainer.command, "--nproc-per-node") == "2"
+    assert flag(trainer.command, "--weight-bridge-mode") == "colocate"
+    assert flag(served.command, "--data-parallel-size") == "2"
+    assert "--tensor-parallel-size" not in served.command
+    assert "--enable-sleep-mode" in served.command
+    assert trainer.env["CUDA_VISIBLE_DEVICES"] == served.env["CUDA_VISIBLE_DEVICES"] == "0,1"
+
+
+def quickstart(tmp_path: Path, mode: str, trainer: str, inference: str) -> Path:
+    text = (REPO / "profiles/quickstart.toml").read_text()
+    text = text.replace('mode = "shared_vllm"', f'mode = "{mode}"')
+    text = text.replace("[trainer]\n", f"[trainer]\n{trainer}\n")
+    text = text.replace("[inference]\n", f"[inference]\n{inference}\n")
+    path = tmp_path / "cpu.toml"
+    path.write_text(text)
+    return path
+
+
+def test_colocate_on_cpu_ranks_runs_one_builtin_replica_per_rank(tmp_path: Path) -> None:
+    path = quickstart(tmp_path, "colocate", "ranks = 2", "data_parallel_size = 2")
+    code, output = check(path)
+    assert code == 0, output
+    found = specs(path, tmp_path)
+    trainer, served = found["trainer"], found["inference"]
+    assert flag(trainer.command, "--nproc-per-node") == "2"
+    rank_command = trainer.command[trainer.command.index("--no-python") + 1 :]
+    config = TrainerConfig.from_argv(rank_command[3:])
+    assert (config.device, config.weight_bridge_mode, config.sync_every) == ("cpu", "colocate", 1)
+    assert not set(GPU_ENV) & set(trainer.env)
+    assert flag(served.command, "--data-parallel-size") == "2"
+    assert "--shared-weights" not in served.command  # each replica loads its rank's weights
+
+
+@pytest.mark.parametrize(
+    ("mode", "trainer", "inference", "key", "words"),
+    [
+        ("colocate", "ranks = 2", "", "inference.data_parallel_size", "data_parallel_size = 2"),
+        ("colocate", "ranks = 3", "data_parallel_size = 2", "inference.data_parallel_size", "3"),
+        ("shared_vllm", "ranks = 2", "data_parallel_size = 2", "inference.data_parallel_size",
+         "only on CPU in colocate"),
+        ("colocate", "ranks = 0", "", "trainer.ranks", "greater than or equal to 1"),
+    ],
+)  # fmt: skip
+def test_bad_cpu_rank_layouts_name_their_key(
+    tmp_path: Path, mode: str, trainer: str, inference: str, key: str, words: str
+) -> None:
+    path = quickstart(tmp_path, mode, trainer, inference)
+    code, output = check(path)
+    assert code == 2, output
+    assert any(f": {key}: " in line and words in line for line in output.splitlines()), output
+
+
+def test_cpu_ranks_on_a_gpu_device_point_to_gpus(tmp_path: Path) -> None:
+    code, output = check(write(tmp_path, "", "ranks = 2\ndevice = 'cuda'"))
+    assert code == 2, output
+    assert "trainer.ranks: runs 2 CPU ranks, but trainer.device is 'cuda'" in output

@@ -293,7 +293,8 @@ def test_colocate_needs_the_trainer_and_inference_on_one_and_the_same_gpu(
     )
     for name, trainer, served, key in [
         ("other", "[1]", "[0]", "inference.gpus"),
-        ("two", "[0, 1]", "[0, 1]", "trainer.gpus"),
+        ("two", "[0, 1]", "[0, 1]", "inference.data_parallel_size"),
+        ("split", "[0, 1]", "[0, 1]\ntensor_parallel_size = 2", "tensor_parallel_size = 1"),
     ]:
         path = tmp_path / f"{name}.toml"
         path.write_text(
@@ -307,3 +308,11 @@ def test_colocate_needs_the_trainer_and_inference_on_one_and_the_same_gpu(
         assert key in output and "colocate" in output, output
     (tmp_path / "one.toml").write_text(text)
     assert CliRunner().invoke(app, ["check", str(tmp_path / "one.toml")]).exit_code == 0
+    # N GPUs: N ranks and N vLLM replicas (tensor parallel 1), one per GPU
+    replicas = text.replace("gpus = [0]                       #", "gpus = [0, 1]  #")
+    replicas = replicas.replace("[trainer]\ngpus = [0]", "[trainer]\ngpus = [0, 1]")
+    (tmp_path / "n.toml").write_text(
+        replicas.replace("[inference]", "[inference]\ndata_parallel_size = 2")
+    )
+    result = CliRunner().invoke(app, ["check", str(tmp_path / "n.toml")])
+    assert result.exit_code == 0, result.output
