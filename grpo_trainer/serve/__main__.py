@@ -7,6 +7,7 @@ not fit the model) exit with status 2 and the reason, before the port is bound.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import random
 import sys
@@ -23,6 +24,7 @@ from grpo_trainer.models import DTYPES, load_model, load_tokenizer
 from grpo_trainer.serve.app import ServerState, create_app
 from grpo_trainer.serve.engine import Engine
 from grpo_trainer.serve.lora import AdapterError, AdapterSet
+from grpo_trainer.serve.replicas import Replicas
 from grpo_trainer.serve.settings import API_KEY_ENV
 from grpo_trainer.serve.shared import SharedWeightsError, attach_server
 from grpo_trainer.start_gate import wait_for_start
@@ -97,6 +99,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="share parameters with the trainer: a memory-mapped file in DIR (CPU), CUDA IPC (GPU)",
     )
     parser.add_argument(
+        "--data-parallel-size",
+        type=int,
+        default=1,
+        help="replicas of the model, each with its own weights (CPU; colocate with N trainer "
+        "ranks loads replica i from rank i)",
+    )
+    parser.add_argument(
         "--enable-sleep-mode",
         action="store_true",
         help="serve /sleep, /wake_up and /is_sleeping (colocate: the trainer shares the device)",
@@ -122,6 +131,23 @@ def start_seeds(seed: int) -> random.Random:
     return random.Random(f"{seed}:{time.time_ns()}:{os.getpid()}")
 
 
+def _replicas(model: torch.nn.Module, args: argparse.Namespace) -> list[torch.nn.Module]:
+    """``model`` and ``--data-parallel-size`` - 1 copies of it (each its own weights)."""
+    size = args.data_parallel_size
+    if size < 1:
+        raise ValueError(f"--data-parallel-size must be at least 1, got {size}")
+    if size == 1:
+        return [model]
+    if args.shared_weights is not None or args.enable_lora:
+        raise ValueError(
+            "--data-parallel-size > 1 loads each replica's own weights from the trainer: "
+            "not with --shared-weights or --enable-lora"
+        )
+    if next(model.parameters()).device.type != "cpu":
+        raise ValueError("--data-parallel-size > 1 runs on CPU here (vLLM serves GPUs)")
+    return [model, *(copy.deepcopy(model) for _ in range(size - 1))]
+
+
 def build_state(args: argparse.Namespace) -> ServerState:
     """Load the model, attach shared weights and adapters; raise ValueError on bad input."""
     model = load_model(args.model, dtype=_dtype(args.model, args.dtype), device=args.device)
@@ -137,16 +163,20 @@ def build_state(args: argparse.Namespace) -> ServerState:
     elif args.lora_modules:
         raise ValueError("--lora-modules needs --enable-lora")
     max_model_len = args.max_model_len or int(model.config.max_position_embeddings)
-    engine = Engine(
-        model,
-        tokenizer,
-        max_model_len=max_model_len,
-        adapters=adapters,
-        seeds=start_seeds(args.seed),
-        max_batch_rows=args.max_num_seqs,
-    )
+    engines = [
+        Engine(
+            replica,
+            tokenizer,
+            max_model_len=max_model_len,
+            adapters=adapters,
+            seeds=start_seeds(args.seed),
+            max_batch_rows=args.max_num_seqs,
+        )
+        for replica in _replicas(model, args)
+    ]
     return ServerState(
-        engine,
+        engines[0],
+        replicas=Replicas(engines),
         served_model_name=args.served_model_name or args.model,
         model_path=args.model,
         max_num_seqs=args.max_num_seqs,

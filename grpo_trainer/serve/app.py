@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 from starlette.concurrency import run_in_threadpool
 
 from grpo_trainer.api.security import SERVER_OPEN_PATHS, TokenGuard
+from grpo_trainer.serve.buckets import RPC_CHECK, RPC_LOAD, BucketError
 from grpo_trainer.serve.cuda_ipc import RPC_METHODS, device_uuid, export_weights
 from grpo_trainer.serve.engine import Engine, Sample
 from grpo_trainer.serve.lora import AdapterError
@@ -30,6 +31,7 @@ from grpo_trainer.serve.protocol import (
     RpcRequest,
     UnloadLoraRequest,
 )
+from grpo_trainer.serve.replicas import Replicas
 from grpo_trainer.serve.sampling import SamplingParams
 from grpo_trainer.serve.sleep import SleepError, SleepState
 from grpo_trainer.serve.sleep import attach_router as attach_sleep_routes
@@ -67,7 +69,11 @@ def _validation_message(error: RequestValidationError) -> str:
 
 
 class ServerState:
-    """What the routes share: the engine, the served names and the limits."""
+    """What the routes share: the engine, the served names and the limits.
+
+    ``engine`` answers for what every replica shares (tokenizer, limits, adapters);
+    ``replicas`` (``--data-parallel-size``) are the engines requests run on.
+    """
 
     def __init__(
         self,
@@ -78,8 +84,10 @@ class ServerState:
         max_num_seqs: int,
         shared_weights: Path | None = None,
         enable_sleep_mode: bool = False,
+        replicas: Replicas | None = None,
     ) -> None:
         self.engine = engine
+        self.replicas = replicas or Replicas([engine])
         self.sleep = SleepState(engine.device, enabled=enable_sleep_mode)
         self.shared_weights = shared_weights
         self.served_model_name = served_model_name
@@ -207,7 +215,9 @@ def _sampling_params(request: CompletionRequest, max_tokens: int) -> SamplingPar
     )
 
 
-async def _complete(state: ServerState, request: CompletionRequest) -> dict[str, Any]:
+async def _complete(
+    state: ServerState, engine: Engine, request: CompletionRequest
+) -> dict[str, Any]:
     if request.stream:
         raise ApiError("stream=true is not supported by the built-in server")
     if request.n > state.max_num_seqs:
@@ -226,7 +236,6 @@ async def _complete(state: ServerState, request: CompletionRequest) -> dict[str,
                 f"{max_tokens} in the completion). Please reduce the length."
             )
     params = _sampling_params(request, max_tokens)
-    engine = state.engine
 
     async def one(ids: list[int]) -> tuple[list[Sample], Any]:
         echo = None
@@ -269,6 +278,27 @@ async def _complete(state: ServerState, request: CompletionRequest) -> dict[str,
     }
 
 
+BUCKET_METHODS = (RPC_LOAD, RPC_CHECK, "grpo_weight_layout")
+"""``/collective_rpc`` methods of a server that owns its weights (replicas loaded from a
+multi-rank trainer's buckets, ``serve/buckets.py``), as vLLM's worker extension has them."""
+
+
+def _bucket_rpc(state: ServerState, request: RpcRequest) -> Any:
+    """Run one bucket method on every replica (a server sharing the trainer's weights has
+    nothing to load: refused)."""
+    if state.shared_weights is not None:
+        raise ApiError(f"{request.method}: the weights are shared with the trainer here", 404)
+    replicas = state.replicas
+    if request.method == RPC_LOAD:
+        (payloads,) = request.args
+        return replicas.load_bucket(str(payloads))
+    if request.method == RPC_CHECK:
+        name, values = request.args
+        replicas.check_parameter(str(name), list(values))
+        return None
+    return replicas.layout()
+
+
 def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
     """The FastAPI application over ``state``; with ``api_key`` every request but
     ``/health`` and ``/metrics`` (what probes and scrapers read) needs it as a bearer token."""
@@ -284,6 +314,10 @@ def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
     @app.exception_handler(AdapterError)
     async def _adapter_error(_: Request, error: AdapterError) -> JSONResponse:
         return error_response(str(error), error.status)
+
+    @app.exception_handler(BucketError)
+    async def _bucket_error(_: Request, error: BucketError) -> JSONResponse:
+        return error_response(str(error), 400)
 
     @app.exception_handler(SleepError)
     async def _sleep_error(_: Request, error: SleepError) -> JSONResponse:
@@ -319,12 +353,13 @@ def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: CompletionRequest) -> JSONResponse:
         async with state.sleep.admit():
-            # Plain JSON types already: skipping FastAPI's jsonable_encoder saves ~7 ms
-            return JSONResponse(await _complete(state, request))
+            with state.replicas.lease() as replica:
+                # Plain JSON types already: skipping FastAPI's jsonable_encoder saves ~7 ms
+                return JSONResponse(await _complete(state, replica, request))
 
     @app.get("/metrics")
     async def metrics() -> PlainTextResponse:
-        return PlainTextResponse(render_metrics(engine, state.served_model_name))
+        return PlainTextResponse(render_metrics(state.replicas.engines, state.served_model_name))
 
     def _adapters() -> Any:
         if engine.adapters is None:
@@ -367,6 +402,8 @@ def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
 
     @app.post("/collective_rpc")
     async def collective_rpc(request: RpcRequest) -> dict[str, list[Any]]:
+        if request.method in BUCKET_METHODS:
+            return {"results": [await run_in_threadpool(_bucket_rpc, state, request)]}
         if state.shared_weights is None or engine.device.type != "cuda":
             raise ApiError("collective_rpc needs --shared-weights on a CUDA device", status=404)
         if request.method not in RPC_METHODS:
@@ -376,12 +413,14 @@ def create_app(state: ServerState, api_key: str | None = None) -> FastAPI:
 
     @app.post("/pause")
     async def pause(mode: Literal["abort", "wait", "keep"] = "abort") -> dict[str, Any]:
-        await run_in_threadpool(engine.gate.pause, mode)
+        for replica in state.replicas.engines:
+            await run_in_threadpool(replica.gate.pause, mode)
         return {"status": "paused", "mode": mode}
 
     @app.post("/resume")
     async def resume() -> dict[str, Any]:
-        engine.gate.resume()
+        for replica in state.replicas.engines:
+            replica.gate.resume()
         return {"status": "resumed"}
 
     @app.get("/is_paused")

@@ -6,35 +6,65 @@ whichever backend runs, so the names and labels match vLLM's.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from grpo_trainer.serve.engine import Engine
 
 FINISH_REASONS = ("stop", "length", "abort")
 
 
-def render_metrics(engine: Engine, model_name: str) -> str:
-    """The current counters and gauges of ``engine`` as Prometheus exposition text."""
-    label = f'model_name="{model_name}"'
-    stats = engine.stats
-    lines = [
-        "# HELP vllm:num_requests_running Number of requests in model execution batches.",
-        "# TYPE vllm:num_requests_running gauge",
-        f"vllm:num_requests_running{{{label}}} {engine.gate.running}",
-        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.",
-        "# TYPE vllm:num_requests_waiting gauge",
-        f"vllm:num_requests_waiting{{{label}}} {engine.gate.waiting}",
-        "# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.",
-        "# TYPE vllm:kv_cache_usage_perc gauge",
-        f"vllm:kv_cache_usage_perc{{{label}}} 0.0",
-        "# HELP vllm:prompt_tokens_total Number of prefill tokens processed.",
-        "# TYPE vllm:prompt_tokens_total counter",
-        f"vllm:prompt_tokens_total{{{label}}} {float(stats.prompt_tokens)}",
-        "# HELP vllm:generation_tokens_total Number of generation tokens processed.",
-        "# TYPE vllm:generation_tokens_total counter",
-        f"vllm:generation_tokens_total{{{label}}} {float(stats.generation_tokens)}",
+def render_metrics(engines: Sequence[Engine], model_name: str) -> str:
+    """The current counters and gauges of every replica as Prometheus exposition text.
+
+    One replica: labelled by ``model_name``; several: also by ``engine`` (vLLM's label for
+    its data-parallel engines), one line each.
+    """
+    several = len(engines) > 1
+    labels = [
+        f'model_name="{model_name}"' + (f',engine="{index}"' if several else "")
+        for index in range(len(engines))
+    ]
+    metric_lines = {
+        "num_requests_running": (
+            "gauge",
+            "Number of requests in model execution batches.",
+            [str(e.gate.running) for e in engines],
+        ),
+        "num_requests_waiting": (
+            "gauge",
+            "Number of requests waiting to be processed.",
+            [str(e.gate.waiting) for e in engines],
+        ),
+        "kv_cache_usage_perc": (
+            "gauge",
+            "KV-cache usage. 1 means 100 percent usage.",
+            ["0.0" for _ in engines],
+        ),
+        "prompt_tokens_total": (
+            "counter",
+            "Number of prefill tokens processed.",
+            [str(float(e.stats.prompt_tokens)) for e in engines],
+        ),
+        "generation_tokens_total": (
+            "counter",
+            "Number of generation tokens processed.",
+            [str(float(e.stats.generation_tokens)) for e in engines],
+        ),
+    }
+    lines = []
+    for name, (kind, text, values) in metric_lines.items():
+        lines += [f"# HELP vllm:{name} {text}", f"# TYPE vllm:{name} {kind}"]
+        lines += [
+            f"vllm:{name}{{{label}}} {value}" for label, value in zip(labels, values, strict=True)
+        ]
+    lines += [
         "# HELP vllm:request_success_total Count of successfully processed requests.",
         "# TYPE vllm:request_success_total counter",
     ]
     for reason in FINISH_REASONS:
-        count = float(stats.finished.get(reason, 0))
-        lines.append(f'vllm:request_success_total{{finished_reason="{reason}",{label}}} {count}')
+        for label, engine in zip(labels, engines, strict=True):
+            count = float(engine.stats.finished.get(reason, 0))
+            lines.append(
+                f'vllm:request_success_total{{finished_reason="{reason}",{label}}} {count}'
+            )
     return "\n".join(lines) + "\n"

@@ -102,7 +102,12 @@ class InferenceSettings(BaseModel):
         ),
     )
     tensor_parallel_size: int = Field(default=1, ge=1, description="vLLM only")
-    data_parallel_size: int = Field(default=1, ge=1, description="vLLM only")
+    data_parallel_size: int = Field(
+        default=1,
+        ge=1,
+        description="vLLM's data-parallel replicas; built-in: CPU replicas for colocate "
+        "with trainer.ranks",
+    )
     vllm_executable: list[str] = Field(
         default_factory=lambda: ["vllm"],
         min_length=1,
@@ -236,7 +241,10 @@ def _builtin_command(
         argv += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank)]
         if adapter is not None:
             argv += ["--lora-modules", f"{settings.served_model_name}={adapter}"]
-    if mode in SHARED_MODES:
+    if settings.data_parallel_size > 1:
+        # one replica per trainer rank, each loaded from that rank's gathered weights
+        argv += ["--data-parallel-size", str(settings.data_parallel_size)]
+    elif mode in SHARED_MODES:
         if shared_dir is None:
             raise ValueError(f"{mode} on the built-in backend needs shared_dir")
         argv += ["--shared-weights", shared_dir]
