@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -28,7 +28,7 @@ from torch.distributed.tensor import DTensor
 
 from grpo_trainer.sync.base import SyncContext, SyncResult, WeightSync
 from grpo_trainer.sync.client import SyncError
-from grpo_trainer.sync.restart import SupervisorStopping
+from grpo_trainer.sync.collective import on_main
 from grpo_trainer.sync.vllm_shared import VllmSharedSync
 from grpo_trainer.train.consolidate import Consolidator
 from grpo_trainer.train.distributed import Dist
@@ -64,11 +64,7 @@ class ShardedSync(WeightSync):
         if world.is_main and inner is None:
             raise ValueError("rank 0 needs the mode's strategy")
         if mode == "colocate":
-            raise SyncError(
-                "colocate with a multi-GPU trainer is not built yet (one vLLM replica per "
-                "rank's GPU, each loaded from the gathered weights: docs/inference.md); use "
-                "shared_vllm with vLLM on other GPUs"
-            )
+            raise ValueError("colocate on several ranks is colocate_ranks.ColocateRanksSync")
         if mode == "shared_vllm" and context.backend != "vllm":
             raise SyncError(
                 "shared_vllm with a multi-GPU trainer needs the vLLM backend (the built-in "
@@ -128,24 +124,7 @@ class ShardedSync(WeightSync):
         return self.inner.sync(mirror, step)
 
     def _on_main(self, action: Callable[[], T]) -> T:
-        """Run ``action`` on rank 0 and give every rank its value, or raise its failure."""
-        outcome: tuple[str, Any] = ("ok", None)
-        error: BaseException | None = None
-        if self.world.is_main:
-            try:
-                outcome = ("ok", action())
-            except SupervisorStopping as exc:
-                outcome, error = ("stopping", str(exc)), exc
-            except Exception as exc:
-                outcome, error = ("error", f"{type(exc).__name__}: {exc}"), exc
-        status, value = self.world.broadcast(outcome)
-        if error is not None:
-            raise error
-        if status == "stopping":
-            raise SupervisorStopping(value)
-        if status == "error":
-            raise SyncError(f"rank 0's weight sync failed: {value}")
-        return value
+        return on_main(self.world, action)
 
     def close(self) -> None:
         """Close rank 0's strategy."""

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from grpo_trainer.serve.buckets import check_parameter, open_bucket, payload_for
 from grpo_trainer.serve.cuda_ipc import device_uuid, export_weights, open_tensors
 
 
@@ -68,3 +69,25 @@ class SharedWeightsExtension:
             self.model_runner.model.load_weights(weights)
         torch.cuda.synchronize()
         return len(weights)
+
+    def grpo_load_bucket(self, payloads: str) -> int:
+        """Load this GPU's bucket of a multi-rank trainer (``colocate`` on N GPUs).
+
+        ``payloads`` maps GPU UUIDs to buckets (``serve/buckets.py``); this replica opens the
+        one of its own GPU by CUDA IPC, gathered there by the trainer rank beside it, and
+        loads it with the model's own ``load_weights``. A call without this GPU's bucket
+        is refused: behind vLLM's data-parallel front end only engine 0's answer reaches
+        the trainer, so an error is how another replica's failure is heard.
+        """
+        model = self.model_runner.model
+        payload = payload_for(payloads, device_uuid(model))
+        weights = open_bucket(payload, torch.device("cuda", torch.cuda.current_device()))
+        with torch.no_grad():
+            model.load_weights(weights)
+        torch.cuda.synchronize()
+        return len(weights)
+
+    def grpo_check_parameter(self, name: str, values: list[float]) -> None:
+        """Raise unless this replica's ``name`` holds exactly the trainer's ``values``."""
+        model = self.model_runner.model
+        check_parameter(model.get_parameter(name), name, values, device_uuid(model))

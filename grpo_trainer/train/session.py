@@ -128,8 +128,12 @@ def _sharded_trainer(
     reference = reference_model(on_cpu)
     if reference is not None:
         reference = shard_model(reference, world, **shard)
-    strategy = None
-    if config.sync_every:
+    strategy: WeightSync | None = None
+    if config.sync_every and config.weight_bridge_mode == "colocate":
+        from grpo_trainer.sync.colocate_ranks import ColocateRanksSync
+
+        strategy = ColocateRanksSync(sync_context(config), world=world, dtype=DTYPES[config.dtype])
+    elif config.sync_every:
         strategy = ShardedSync(
             sync_context(config),
             mode=config.weight_bridge_mode,
