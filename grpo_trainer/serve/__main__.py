@@ -210,6 +210,8 @@ def main(argv: list[str] | None = None) -> None:
     except (OSError, ValueError, AdapterError, SharedWeightsError) as error:
         print(f"grpo_trainer.serve: error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
+    if len(state.replicas) > 1:
+        print(f"serving {len(state.replicas)} replicas (data parallel)", flush=True)
     app = create_app(state, api_key=args.api_key)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 

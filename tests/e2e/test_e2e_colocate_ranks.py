@@ -1,0 +1,84 @@
+"""``colocate`` with 2 trainer ranks through ``grpo-tui run``: the N-GPU layout on CPU.
+
+A copy of ``profiles/quickstart.toml`` with ``[trainer] ranks = 2`` (torchrun, 2 gloo FSDP2
+ranks) and ``[inference] data_parallel_size = 2`` (the built-in server's 2 replicas, one per
+rank). Every step the replicas sleep, both ranks train, and each replica is loaded from its
+own rank's gathered weights (shared memory standing in for CUDA IPC): the run exits 0, the
+reward rises as in one-process ``colocate`` (``test_e2e_modes.py``), every step reports its
+phases and its pushed weights, and nothing of the run outlives it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_stack import (
+    HeadlessCli,
+    mean,
+    only_run_dir,
+    pids,
+    run_id_of,
+    tagged,
+    trainer_steps,
+    wait_until,
+)
+from e2e_stack import quickstart_copy as make_profile
+from test_e2e_modes import MARGIN, STEPS, WINDOW
+
+RANKS = 2
+
+
+@pytest.fixture
+def cli() -> Iterator[list[HeadlessCli]]:
+    runs: list[HeadlessCli] = []
+    yield runs
+    for run in runs:
+        run.stop()
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(600)
+def test_colocate_on_two_ranks_and_two_replicas_learns_and_leaves_nothing(
+    tmp_path: Path, cli: list[HeadlessCli]
+) -> None:
+    steps = STEPS["colocate"]
+    overrides = {
+        "trainer": {"training_steps": steps, "checkpoint_interval": 10, "ranks": RANKS},
+        "inference": {"data_parallel_size": RANKS},
+    }
+    profile = make_profile(tmp_path, mode="colocate", overrides=overrides)
+    run = HeadlessCli(profile, "colocate", tmp_path / "console.log")
+    cli.append(run)
+
+    def trainer_pid() -> int | None:
+        run.check_alive()
+        run_dir = only_run_dir(tmp_path)
+        found = pids(run_dir, "trainer") if run_dir else []
+        return found[0] if found else None
+
+    run_id = run_id_of(wait_until(trainer_pid, 120, "the trainer to be spawned"))
+    assert run.wait(timeout=540) == 0, run.text()[-4000:]
+    run_dir = only_run_dir(tmp_path)
+    assert run_dir is not None
+    assert tagged(run_id) == [], "processes of the run outlived it"
+
+    log = (run_dir / "logs" / "trainer.log").read_text()
+    assert "[rank0]" in log and "[rank1]" in log  # one torchrun group of 2 ranks
+    records = trainer_steps(run_dir)
+    assert [step for step, _ in records] == list(range(1, steps + 1))
+    for _, data in records:  # inference slept, the weights were pushed, it woke: each step
+        assert data["phase/sleeping_s"] >= 0 and data["phase/waking_s"] >= 0
+        assert data["sync/push_time"] > 0
+        assert set(data) >= {f"gpu_memory_gb/rank{r}" for r in range(RANKS)}
+    served = (run_dir / "logs" / "inference.log").read_text()
+    assert "2 replicas" in served
+    saved = {p.name for p in (run_dir / "checkpoints").iterdir()}
+    assert f"step_{steps}" in saved
+
+    curve = [data["reward/mean"] for _, data in records]
+    first, last = mean(curve[:WINDOW]), mean(curve[-WINDOW:])
+    print(f"colocate x{RANKS}: reward first {WINDOW} steps {first:.3f}, last {last:.3f}")
+    assert first < 0.2
+    assert last > first + MARGIN, f"no clear rise: {first:.3f} -> {last:.3f}"
