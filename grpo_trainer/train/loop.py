@@ -59,7 +59,7 @@ from grpo_trainer.train.distributed import Dist, rank_slice
 from grpo_trainer.train.logprobs import chunked_token_logprobs
 from grpo_trainer.train.loss import LossOutput, LossSettings, policy_loss
 from grpo_trainer.train.optim import build_optimizer, lr_factor
-from grpo_trainer.train.phases import PhaseClock
+from grpo_trainer.train.phases import PhaseClock, per_rank
 from grpo_trainer.train.reporter import Reporter
 from grpo_trainer.train.resume import ResumePoint
 from grpo_trainer.train.sources import BatchSource
@@ -221,7 +221,10 @@ class Trainer:
                 clock.enter("generating", self.step)
                 if self.strategy is not None and self.strategy.sleeps:
                     clock.move(metrics.get("sync/wake_time", 0.0), "syncing", "waking")
-                metrics.update(clock.take())
+                phases = clock.take()
+                metrics.update(phases)
+                if self.world.enabled:
+                    metrics.update(per_rank(self.world.gather(phases)))
                 self.stop_requested = self.world.any(self.stop_requested)
                 if self.world.is_main:
                     self.reporter.metrics(self.step, metrics)

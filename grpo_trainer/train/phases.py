@@ -6,6 +6,11 @@ backward, optimizer step), ``syncing`` (weights to inference) and ``waking`` (``
 inference takes its memory back). Each change goes at once to the supervisor as a metrics
 record ``{"phase/current": index into PHASES}`` (the dashboard shows it live); each step's
 record carries ``phase/<name>_s``, the seconds spent in each phase since the last step.
+
+Several ranks (one per GPU): every phase starts at a collective (the batch broadcast, the
+sleep, the sync), so rank 0's current phase is every rank's device's; what differs is the
+time each device spends in it (a rank that finishes training first waits in the sync), so
+each step also carries ``phase/<name>_s/rank<r>`` for every rank (``per_rank``).
 Torch-free: the dashboard imports ``PHASES`` to name the index.
 """
 
@@ -51,3 +56,20 @@ class PhaseClock:
         """``phase/<name>_s`` for every phase this step went through; starts a new step."""
         totals, self.totals = self.totals, {}
         return {f"phase/{name}_s": seconds for name, seconds in totals.items()}
+
+
+def per_rank(totals: list[dict[str, float]]) -> dict[str, float]:
+    """``phase/<name>_s/rank<r>`` from every rank's ``PhaseClock.take()``, in rank order."""
+    return {
+        f"{key}/rank{rank}": seconds
+        for rank, phases in enumerate(totals)
+        for key, seconds in phases.items()
+    }
+
+
+def rank_times(latest: dict[str, float], name: str) -> list[float]:
+    """The per-rank seconds of phase ``name`` in a step record, in rank order."""
+    times = []
+    while (value := latest.get(f"phase/{name}_s/rank{len(times)}")) is not None:
+        times.append(value)
+    return times

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widget import Widget
 
-from grpo_trainer.train.phases import CURRENT, PHASES
+from grpo_trainer.train.phases import CURRENT, PHASES, rank_times
 from grpo_tui.run_state import RunState
 from grpo_tui.widgets.process_table import format_duration
 
@@ -74,4 +74,11 @@ def phase_text(state: RunState) -> Text:
     shown = [f"{name} {seconds:.2f}s" for name, seconds in spent if seconds is not None]
     if shown:
         text.append(f"  last step: {' '.join(shown)}", style="dim")
+    ranks = {name: rank_times(latest, name) for name in PHASES}
+    by_rank = [
+        f"{name} {'/'.join(f'{s:.2f}' for s in times)}s" for name, times in ranks.items() if times
+    ]
+    if by_rank:
+        count = max(len(times) for times in ranks.values())
+        text.append(f"  per GPU (ranks 0-{count - 1}): {' '.join(by_rank)}", style="dim")
     return text

@@ -72,6 +72,9 @@ def test_colocate_on_two_ranks_and_two_replicas_learns_and_leaves_nothing(
         assert data["phase/sleeping_s"] >= 0 and data["phase/waking_s"] >= 0
         assert data["sync/push_time"] > 0
         assert set(data) >= {f"gpu_memory_gb/rank{r}" for r in range(RANKS)}
+        # each rank's device's time in each phase (the dashboard's "per GPU")
+        for phase in ("sleeping", "training", "syncing", "waking", "generating"):
+            assert all(data[f"phase/{phase}_s/rank{r}"] >= 0 for r in range(RANKS)), phase
     served = (run_dir / "logs" / "inference.log").read_text()
     assert "2 replicas" in served
     saved = {p.name for p in (run_dir / "checkpoints").iterdir()}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpo_trainer.train.phases import CURRENT, PHASES, PhaseClock
+from grpo_trainer.train.phases import CURRENT, PHASES, PhaseClock, per_rank
 from grpo_tui.run_state import RunState
 from grpo_tui.supervisor.events import MetricsRecord
 from grpo_tui.widgets.run_header import phase_text
@@ -32,3 +32,16 @@ def test_header_shows_the_phase_the_trainer_last_reported_and_the_step_times() -
     text = phase_text(state).plain
     assert text.startswith("  phase training  last step: generating ")
     assert all(f"{name} " in text for name in PHASES)
+    assert "per GPU" not in text  # one rank: nothing per GPU
+
+
+def test_header_shows_each_ranks_gpu_time_in_each_phase() -> None:
+    state = RunState("r")
+    state.apply(MetricsRecord(t=0.0, process="trainer", step=1, data={CURRENT: 2.0}))
+    rank0 = {"phase/training_s": 0.5, "phase/syncing_s": 0.25}
+    rank1 = {"phase/training_s": 0.25, "phase/syncing_s": 0.5}
+    step = {**rank0, **per_rank([rank0, rank1])}
+    assert step["phase/training_s/rank1"] == 0.25 and step["phase/syncing_s/rank0"] == 0.25
+    state.apply(MetricsRecord(t=1.0, process="trainer", step=1, data=step))
+    text = phase_text(state).plain
+    assert text.endswith("per GPU (ranks 0-1): training 0.50/0.25s syncing 0.25/0.50s")
