@@ -65,6 +65,7 @@ class CudaIpcTransport:
         self.key = str(torch.cuda.get_device_properties(device).uuid)
 
     def allocate(self, numel: int, dtype: torch.dtype) -> torch.Tensor:
+        torch.cuda.ipc_collect()  # blocks of earlier buckets whose receivers let go
         return torch.empty(numel, dtype=dtype, device=self.device)
 
     def share(self, flat: torch.Tensor) -> tuple[Kind, str]:
@@ -72,8 +73,8 @@ class CudaIpcTransport:
         return "cuda_ipc", base64.b64encode(pickle.dumps(reduce_tensor(flat))).decode()
 
     def release(self, flat: torch.Tensor) -> None:
-        del flat
-        torch.cuda.ipc_collect()
+        """Nothing to do now: torch frees a shared block once this process drops it and
+        the receiver has closed it (``ipc_collect`` at the next allocation)."""
 
 
 class SharedMemoryTransport:
@@ -157,3 +158,4 @@ def gathered_buckets(
                 transport=kind, handle=handle, dtype=dtype_name, numel=numel, entries=entries
             ),
         )
+        del flat  # before the next bucket is allocated: one bucket at a time

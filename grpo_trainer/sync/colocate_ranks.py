@@ -132,6 +132,7 @@ class ColocateRanksSync(WeightSync):
                 self._main(lambda: self._load(shares, len(payload.entries)))  # noqa: B023
             finally:
                 self.transport.release(flat)
+                del flat
         push_time = time.perf_counter() - pushed
         phases = self._main(lambda: self._wake_rest(expected, push_time))
         return SyncResult(sync_time=time.perf_counter() - start, policy_version=step, phases=phases)
