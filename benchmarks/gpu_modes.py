@@ -100,8 +100,14 @@ LAYOUTS = {
     "vLLM's NCCL weight transfer)",
     "fsdp2": "**fsdp2**: a 2-rank FSDP2 trainer (torchrun) on GPUs 0 and 1, vLLM on GPU 1 "
     "beside rank 1 (`shared_vllm`: rank 0 sends over NCCL)",
+    "colocate": "**colocate on both GPUs**: a 2-rank FSDP2 trainer (torchrun) on GPUs 0 and "
+    "1, one vLLM replica on each (data_parallel_size 2), asleep while the ranks train; each "
+    "replica loaded by CUDA IPC from its own rank's gathered weights (on CPU: 2 gloo ranks, "
+    "the built-in server's 2 replicas, shared memory)",
 }
-TRAINER_GPUS = {"split": [0], "fsdp2": [0, 1]}
+TRAINER_GPUS = {"split": [0], "fsdp2": [0, 1], "colocate": [0, 1]}
+RANKS = 2
+"""Trainer ranks and inference replicas of the ``colocate`` layout."""
 
 
 @dataclass(frozen=True)
@@ -237,8 +243,12 @@ def profile_for(
     }
     if args.layout == "same" and args.pin_gpu is not None and cell.device != "cpu":
         inference["gpus"] = [args.pin_gpu]
+    if args.layout == "colocate":  # one replica per trainer rank
+        inference["data_parallel_size"] = RANKS
     if cell.backend == "vllm":
-        if args.layout != "same":  # vLLM on GPU 1, alone (split) or beside rank 1 (fsdp2)
+        if args.layout == "colocate":
+            inference["gpus"] = TRAINER_GPUS["colocate"]
+        elif args.layout != "same":  # vLLM on GPU 1, alone (split) or beside rank 1 (fsdp2)
             inference["gpus"] = [1]
             if cell.mode == "shared_vllm":
                 inference["weight_transfer"] = "nccl"
@@ -262,8 +272,10 @@ def profile_for(
         }
     else:
         inference["device"] = cell.device
+    on_gpu = cell.device != "cpu"
     trainer: dict[str, Any] = {
-        **({"gpus": TRAINER_GPUS[args.layout]} if args.layout != "same" else {}),
+        **({"gpus": TRAINER_GPUS[args.layout]} if args.layout != "same" and on_gpu else {}),
+        **({"ranks": RANKS} if args.layout == "colocate" and not on_gpu else {}),
         **({"gpus": inference["gpus"]} if args.layout == "same" and "gpus" in inference else {}),
         "device": cell.device,
         "dtype": cell.dtype,
@@ -987,11 +999,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default="cuda")
     parser.add_argument(
         "--layout",
-        choices=["same", "split", "fsdp2"],
+        choices=["same", "split", "fsdp2", "colocate"],
         default="same",
         help="same: every process on GPU 0; split: the trainer on GPU 0 and vLLM alone on "
         "GPU 1 (shared_vllm over NCCL); fsdp2: a 2-rank FSDP2 trainer on GPUs 0 and 1 "
-        "(torchrun), vLLM on GPU 1 beside rank 1; split and fsdp2 run vLLM cells only",
+        "(torchrun), vLLM on GPU 1 beside rank 1; split and fsdp2 run vLLM cells only; "
+        "colocate: 2 ranks and 2 inference replicas, one of each per GPU (mode colocate; "
+        "on CPU the built-in server's replicas)",
     )
     parser.add_argument(
         "--pin-gpu",
@@ -1035,7 +1049,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.restart_sync_every = args.restart_sync_every or (4 if quick else 10)
     if quick:
         args.dtype = "float32" if args.device == "cpu" else args.dtype
-    if args.layout != "same":
+    if args.layout in ("split", "fsdp2"):
         args.backends = ["vllm"]
     return args
 

@@ -78,6 +78,18 @@ def test_colocate_cell_pins_both_roles_to_one_gpu_and_sleeps(tmp_path: Path) -> 
     assert "--port 23100" in plan
 
 
+def test_colocate_layout_puts_a_rank_and_a_vllm_replica_on_each_gpu(tmp_path: Path) -> None:
+    """benchmarks/colocate_ranks_device.sh's colocate stage: 2 ranks, 2 replicas, GPUs 0-1."""
+    args = ("--backends", "vllm", "--modes", "colocate", "--layout", "colocate")
+    done = gpu_modes(tmp_path / "out", "--dry-run", "--quick", *args, timeout=120)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    plan = done.stdout.split("== ")[1]
+    assert plan.startswith("vllm-colocate: check exit 0")
+    assert "--data-parallel-size 2 --enable-sleep-mode --worker-extension-cls" in plan
+    assert "--nproc-per-node 2" in plan and "--weight-bridge-mode colocate" in plan
+    assert plan.count("CUDA_VISIBLE_DEVICES=0,1") == 2  # inference and trainer
+
+
 @pytest.mark.e2e
 @pytest.mark.timeout(420)
 def test_one_real_cell_and_the_orphan_check_on_cpu(tmp_path: Path) -> None:
