@@ -5,7 +5,8 @@ The same code path as on GPUs but for the bucket transport (a shared-memory file
 GPUs use CUDA IPC): rank 0 puts every replica to sleep, both ranks gather the whole
 parameters bucket by bucket, rank 0 posts both ranks' buckets keyed by device, each replica
 loads its own rank's, then rank 0 wakes the replicas and every replica is checked. A
-replica with no bucket of its own refuses the call, and that failure reaches both ranks.
+replica with no bucket of its own refuses the call, and that failure reaches both ranks; a
+wake-up that cannot happen stops both ranks' training loops at the same step.
 """
 
 from __future__ import annotations
@@ -23,15 +24,21 @@ import torch
 import torch.multiprocessing as mp
 from sync_helpers import ModeServer, free_port
 
-from grpo_trainer.models import build_tiny_model, load_model
+from grpo_trainer.models import build_tiny_model, load_model, load_tokenizer
 from grpo_trainer.serve.settings import InferenceSettings
 from grpo_trainer.sync.base import SyncContext
 from grpo_trainer.sync.buckets import SHM_DIR, plan_buckets
 from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.colocate_ranks import ColocateRanksSync
 from grpo_trainer.sync.sharded import full_parameters
+from grpo_trainer.train.config import TrainerConfig
+from grpo_trainer.train.consolidate import Consolidator
 from grpo_trainer.train.distributed import init_distributed, shutdown_distributed
 from grpo_trainer.train.fsdp import shard_model
+from grpo_trainer.train.loop import SyncLagExceeded, Trainer
+from grpo_trainer.train.reporter import Reporter
+from grpo_trainer.train.session import sync_context
+from grpo_trainer.train.sources import FileSource
 
 BUCKET_BYTES = 16_384
 """Small buckets, so that a sync of the tiny model takes several."""
@@ -161,3 +168,82 @@ def test_each_replica_loads_its_own_ranks_buckets_and_a_missing_one_fails_every_
     assert "rank 0's weight sync failed" in other["refused"]
     assert "cpu:7" in main["refused"]
     assert main["left"] == other["left"] == []  # every shared-memory bucket removed
+
+
+def _stop_worker(rank: int, port: int, model_path: str, url: str, out: str) -> None:
+    os.environ.update(
+        {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
+        | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    )
+    torch.set_num_threads(1)
+    world = init_distributed("cpu")
+    facts: dict[str, object] = {}
+    try:
+        config = TrainerConfig(
+            model_name=model_path,
+            inference_url=url,
+            inference_backend="builtin",
+            weight_bridge_mode="colocate",
+            sync_every=1,
+            max_sync_lag=0,
+            sync_retries=1,
+            save_path=str(Path(out, "checkpoints")),
+        )
+        unsharded = load_model(model_path)
+        consolidator = Consolidator(unsharded, world, "float32")
+        model = shard_model(unsharded, world, dtype="float32")
+        strategy = ColocateRanksSync(sync_context(config), world=world, dtype=torch.float32)
+        trainer = Trainer(
+            config,
+            model,
+            load_tokenizer(model_path),
+            base=model_path,
+            source=FileSource(Path(out, "unused.jsonl"), 8) if world.is_main else None,
+            reporter=Reporter(link=None, metrics_path=None),
+            strategy=strategy,
+            world=world,
+            consolidator=consolidator,
+        )
+        if strategy.client is not None:
+            strategy.client.backoff = 0.05  # the client's retries, on a shorter schedule
+        strategy.before_train_step()
+        Path(out, f"asleep{rank}").touch()
+        while not Path(out, "stopped").exists():  # the test stops the server meanwhile
+            time.sleep(0.02)
+        trainer.step = 1
+        try:
+            trainer._maybe_sync()
+        except SyncLagExceeded as exc:
+            facts["stopped"] = str(exc)
+        strategy.close()
+    finally:
+        shutdown_distributed(world)
+    Path(out, f"stop{rank}.json").write_text(json.dumps(facts))
+
+
+def test_a_failed_wake_up_stops_every_rank_at_the_same_step_with_the_reason(
+    tmp_path: Path, replicas: ModeServer
+) -> None:
+    model, url = str(replicas.base_model), replicas.url
+    args = (free_port(), model, url, str(tmp_path))
+    workers = mp.spawn(_stop_worker, args=args, nprocs=2, join=False)
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"asleep{r}").exists() for r in (0, 1)):
+            assert time.monotonic() < deadline, "the ranks never put inference to sleep"
+            assert all(p.is_alive() for p in workers.processes), "a rank died early"
+            time.sleep(0.05)
+        assert httpx.get(f"{url}/is_sleeping").json()["is_sleeping"] is True
+        replicas.stop()  # a real failure between sleep and wake: nobody left to wake
+        (tmp_path / "stopped").touch()
+        deadline = time.monotonic() + 120
+        while not workers.join(timeout=5):  # True once every rank has exited
+            assert time.monotonic() < deadline, "a rank did not stop"
+    finally:  # nothing left running, whatever failed
+        for process in workers.processes:
+            if process.is_alive():
+                process.kill()
+    main, other = (json.loads((tmp_path / f"stop{r}.json").read_text()) for r in (0, 1))
+    assert "after step 1" in main["stopped"] and "after step 1" in other["stopped"]
+    assert "last failure: POST" in main["stopped"] and "wake_up failed" in main["stopped"]
+    assert "rank 0's weight sync failed" in other["stopped"] and "wake_up" in other["stopped"]
