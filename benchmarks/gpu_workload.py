@@ -68,7 +68,7 @@ MIB = 1024 * 1024
 PARTS = ("floor", "sync", "trl", "overlap", "lora", "trl-server", "colocate")
 NEEDS = {"floor": 120, "sync": 90, "trl": 120, "overlap": 90, "lora": 90, "colocate": 90}
 """Seconds a part needs at least (start-ups included) to be worth starting."""
-CAPS = {"floor": 200, "sync": 160, "trl": 200, "overlap": 160, "lora": 160, "colocate": 160}
+CAPS = {"floor": 200, "sync": 160, "trl": 200, "overlap": 160, "lora": 220, "colocate": 160}
 """Seconds a part may take at most, so that one that hangs leaves time to the next."""
 TRL_SERVER_REASON = (
     "not run: TRL's server mode pushes weights over NCCL from the trainer to a server on "
@@ -502,9 +502,13 @@ def run_trl(args: argparse.Namespace, work: Path, deadline: float) -> Part:
         argv.append("--no-vllm")
     elif not args.cuda_graphs:
         argv.append("--enforce-eager")
+    # TRL's one-process torch.distributed group listens on MASTER_PORT (29500 by default):
+    # TRL in lanes on other GPUs of the same call would clash there.
+    rendezvous = free_ports(1, first=29500 + 10 * (args.gpu or 0))[0]
+    env = child_env(args) | {"MASTER_PORT": str(rendezvous)}
     with GpuPeak(args.gpu) as peak, (work / "trl.log").open("wb") as log:
         proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(args), cwd=REPO,
+            argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
             start_new_session=True,
         )  # fmt: skip
         try:
