@@ -250,7 +250,12 @@ async def _complete(
             )
         if max_tokens == 0:
             return [Sample(finish_reason="length") for _ in range(request.n)], echo
-        return await run_in_threadpool(engine.generate, ids, params, adapter), echo
+        queued = engine.submit(ids, params, adapter)
+        if queued is None:  # paused: wait for the resume in a thread, not on the loop
+            return await run_in_threadpool(engine.generate, ids, params, adapter), echo
+        samples, done = queued
+        await asyncio.wrap_future(done)
+        return samples, echo
 
     # The prompts of one request go to the engine together, so they share a batch.
     results = await asyncio.gather(*(one(ids) for ids in prompts))

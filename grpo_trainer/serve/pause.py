@@ -49,9 +49,22 @@ class GenerationGate:
         try:
             yield
         finally:
-            with self._cond:
-                self.running -= 1
-                self._cond.notify_all()
+            self.leave()
+
+    def try_enter(self) -> bool:
+        """Take a request slot unless paused, without blocking (for an event loop);
+        the holder gives it back with ``leave``."""
+        with self._cond:
+            if self._paused:
+                return False
+            self.running += 1
+            return True
+
+    def leave(self) -> None:
+        """Give back a request slot taken by ``admit`` or ``try_enter``."""
+        with self._cond:
+            self.running -= 1
+            self._cond.notify_all()
 
     def checkpoint(self) -> None:
         """Called between decode steps: blocks while frozen, raises ``Aborted`` on abort."""

@@ -60,8 +60,13 @@ class BatchScheduler(Generic[ItemT]):
         self._thread.start()
 
     def submit(self, item: ItemT, *, adapter: str | None, rows: int) -> Future[None]:
-        """Queue ``item`` (``rows`` sequences); its future resolves when it is done."""
+        """Queue ``item`` (``rows`` sequences); its future resolves when it is done.
+
+        The future is running from the start, so it cannot be cancelled (an awaiting
+        task that is cancelled does not pull the request out of the batch that decodes it).
+        """
         pending = Pending(item, adapter, rows)
+        pending.future.set_running_or_notify_cancel()
         with self._cond:
             self._queue.append(pending)
             self._cond.notify_all()
