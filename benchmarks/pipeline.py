@@ -22,7 +22,9 @@ In one run, side by side (markdown tables on stdout):
 ``--before DIR`` runs the same measurements on another checkout (e.g. ``git archive`` of
 an older commit unpacked outside the repository), each code tree through its own
 ``PYTHONPATH`` and working directory (``python -m`` puts the working directory first on
-``sys.path``) and its own quickstart profile. The machine is shared: runs interleave
+``sys.path``) and its own quickstart profile; ``--before-python`` runs it with another
+interpreter, e.g. one without the packages a newer tree added (``uvicorn[standard]``), as
+it was installed. The machine is shared: runs interleave
 (floor, ours, before) and the load average is printed with each; compare within one run.
 
     python benchmarks/pipeline.py --before /tmp/base --modes shared_vllm lora_only
@@ -62,6 +64,8 @@ TARGET = 0.8
 LAST = 5
 SKIP = 3
 """Steps left out of step-time medians (the first ones include warm-up of every part)."""
+Tree = tuple[str, Path, str]
+"""A code tree to measure: its label, its directory and the interpreter that runs it."""
 
 
 def free_port() -> int:
@@ -89,10 +93,10 @@ def secs(value: float | None) -> str:
 # ---- 1. built-in server throughput ------------------------------------------------------
 
 
-def server_throughput(tree: Path, model: Path, rounds: int) -> tuple[float, float]:
+def server_throughput(tree: Path, python: str, model: Path, rounds: int) -> tuple[float, float]:
     """Median sequences/s and round latency of 16 concurrent n=8 requests."""
     port = free_port()
-    argv = [sys.executable, "-m", "grpo_trainer.serve", str(model), "--port", str(port),
+    argv = [python, "-m", "grpo_trainer.serve", str(model), "--port", str(port),
             "--served-model-name", "policy"]  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(tree)}
     with tempfile.TemporaryFile() as log:
@@ -176,7 +180,9 @@ def startup_times(run_dir: Path, started: float) -> dict[str, float | None]:
     return seen
 
 
-def stack_run(tree: Path, label: str, mode: str, steps: int, work: Path, cache: Path) -> StackRun:
+def stack_run(
+    tree: Path, python: str, label: str, mode: str, steps: int, work: Path, cache: Path
+) -> StackRun:
     """``grpo-tui run`` of ``tree``'s quickstart in ``mode``; times read from the run dir.
     ``cache`` is the tiny model's build cache (``GRPO_TUI_CACHE``; older trees have none)."""
     profile = tomllib.loads((tree / "profiles" / "quickstart.toml").read_text())
@@ -191,7 +197,7 @@ def stack_run(tree: Path, label: str, mode: str, steps: int, work: Path, cache: 
     env = {**os.environ, "PYTHONPATH": str(tree), "GRPO_TUI_CACHE": str(cache)}
     result = StackRun(label, mode, load())
     started = time.time()
-    done = subprocess.run([sys.executable, "-m", "grpo_tui", "run", str(path)], env=env,
+    done = subprocess.run([python, "-m", "grpo_tui", "run", str(path)], env=env,
                           cwd=tree, capture_output=True, timeout=1800)  # fmt: skip
     result.exit_code = done.returncode
     run_dir = next(out.iterdir())
@@ -263,6 +269,11 @@ def floor(lora: bool, steps: int, seed: int) -> tuple[float, float | None, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", type=Path, default=None, help="an older checkout to compare")
+    parser.add_argument(
+        "--before-python",
+        default=sys.executable,
+        help="the interpreter of the --before tree (default: this one)",
+    )
     parser.add_argument("--modes", nargs="+", default=["shared_vllm", "lora_only"])
     parser.add_argument("--steps", type=int, default=100, help="training steps per stack run")
     parser.add_argument("--repeats", type=int, default=1)
@@ -286,7 +297,9 @@ def main() -> None:
     )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    trees = [("ours", REPO)] + ([("before", args.before.resolve())] if args.before else [])
+    trees = [("ours", REPO, sys.executable)]
+    if args.before:
+        trees.append(("before", args.before.resolve(), args.before_python))
     print(f"# pipeline benchmark  cpus={os.cpu_count()}  load at start {load()}\n", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -301,9 +314,9 @@ def main() -> None:
         print("| code | sequences/s | round ms | load |")
         print("|---|---|---|---|")
         served: dict[str, float] = {}
-        for label, tree in trees:
+        for label, tree, python in trees:
             before = load()
-            rate, round_time = server_throughput(tree, model, args.server_rounds)
+            rate, round_time = server_throughput(tree, python, model, args.server_rounds)
             served[label] = rate
             print(f"| {label} | {rate:.0f} | {round_time * 1000:.0f} | {before} |", flush=True)
         if "before" in served:
@@ -311,8 +324,8 @@ def main() -> None:
         # Start-up with the tiny model's build cache empty (the first run after an install
         # or a change to the builder); every later run of the same tree finds it filled.
         colds = [
-            stack_run(tree, label, args.modes[0], SKIP + 2, work, work / f"cache-{label}")
-            for label, tree in trees
+            stack_run(tree, python, label, args.modes[0], SKIP + 2, work, work / f"cache-{label}")
+            for label, tree, python in trees
         ]
         floors: dict[bool, list[tuple[float, float | None, str]]] = {False: [], True: []}
         runs: list[StackRun] = []
@@ -320,9 +333,9 @@ def main() -> None:
             for mode in args.modes:
                 lora = mode.startswith("lora")
                 floors[lora].append(floor(lora, args.steps, seed=repeat))
-                for label, tree in trees:
+                for label, tree, python in trees:
                     cache = work / f"cache-{label}"
-                    runs.append(stack_run(tree, label, mode, args.steps, work, cache))
+                    runs.append(stack_run(tree, python, label, mode, args.steps, work, cache))
                     r = runs[-1]
                     print(f"<!-- {label} {mode}: exit {r.exit_code}, {r.steps} steps, "
                           f"step {ms(r.step)} ms, first {secs(r.first_step)} s, "
@@ -331,17 +344,17 @@ def main() -> None:
         _report_startup(trees, colds, runs)
 
 
-def _server_only(args: argparse.Namespace, trees: list[tuple[str, Path]], model: Path) -> None:
+def _server_only(args: argparse.Namespace, trees: list[Tree], model: Path) -> None:
     """``--server-only`` measurements per tree, alternated (ABBA...), then the medians."""
     print("## Built-in server: 16 concurrent requests of n=8 (max_tokens 6), alternated\n")
     print("| run | code | sequences/s | round ms | load |")
     print("|---|---|---|---|---|")
-    rates: dict[str, list[float]] = {label: [] for label, _ in trees}
+    rates: dict[str, list[float]] = {label: [] for label, _, _ in trees}
     for turn in range(args.server_only):
         order = trees if turn % 2 == 0 else trees[::-1]
-        for label, tree in order:
+        for label, tree, python in order:
             before = load()
-            rate, round_time = server_throughput(tree, model, args.server_rounds)
+            rate, round_time = server_throughput(tree, python, model, args.server_rounds)
             rates[label].append(rate)
             print(f"| {turn} | {label} | {rate:.0f} | {round_time * 1000:.0f} | {before} |",
                   flush=True)  # fmt: skip
@@ -351,24 +364,23 @@ def _server_only(args: argparse.Namespace, trees: list[tuple[str, Path]], model:
         print(f"throughput ours / before: {medians['ours'] / medians['before']:.2f}x")
 
 
-def _startup_only(args: argparse.Namespace, trees: list[tuple[str, Path]], work: Path) -> None:
+def _startup_only(args: argparse.Namespace, trees: list[Tree], work: Path) -> None:
     """The cold run per tree, then ``--startup-only`` short runs per tree, interleaved."""
+    mode = args.modes[0]
     colds = [
-        stack_run(tree, label, args.modes[0], SKIP + 2, work, work / f"cache-{label}")
-        for label, tree in trees
+        stack_run(tree, python, label, mode, SKIP + 2, work, work / f"cache-{label}")
+        for label, tree, python in trees
     ]
     runs = []
     for _ in range(args.startup_only):
-        for label, tree in trees:
-            run_ = stack_run(tree, label, args.modes[0], SKIP + 2, work, work / f"cache-{label}")
+        for label, tree, python in trees:
+            run_ = stack_run(tree, python, label, mode, SKIP + 2, work, work / f"cache-{label}")
             runs.append(run_)
             print(f"<!-- {label}: first step {secs(run_.first_step)} s, load {run_.load} -->")
     _report_startup(trees, colds, runs)
 
 
-def _report_startup(
-    trees: list[tuple[str, Path]], colds: list[StackRun], runs: list[StackRun]
-) -> None:
+def _report_startup(trees: list[Tree], colds: list[StackRun], runs: list[StackRun]) -> None:
     print(
         "\n## Start-up: seconds after the command (the tiny model's build cache empty, then "
         "the medians of the runs above)\n"
@@ -376,7 +388,7 @@ def _report_startup(
     names = [*MILESTONES, "first step"]
     print("| code | model cache | " + " | ".join(names) + " | loads |")
     print("|---" * (len(names) + 3) + "|")
-    for (label, tree), cold in zip(trees, colds, strict=True):
+    for (label, tree, _), cold in zip(trees, colds, strict=True):
         cached = (tree / "grpo_trainer" / "tiny_model.py").exists()
         warm = [r for r in runs if r.tree == label]
         rows = [("empty", [cold]), ("filled", warm)] if cached else [("none", [cold, *warm])]
@@ -391,7 +403,7 @@ def _report_startup(
 
 def _report(
     args: argparse.Namespace,
-    trees: list[tuple[str, Path]],
+    trees: list[Tree],
     floors: dict[bool, list[tuple[float, float | None, str]]],
     runs: list[StackRun],
 ) -> None:
@@ -403,7 +415,7 @@ def _report(
         lora = mode.startswith("lora")
         floor_step = median([f[0] for f in floors[lora]])
         floor_hit = median([f[1] for f in floors[lora] if f[1] is not None])
-        for label, _ in trees:
+        for label, _, _ in trees:
             mine = [r for r in runs if r.mode == mode and r.tree == label]
             step = median([r.step for r in mine if r.step is not None])
             ratio = "-" if None in (step, floor_step) else f"{step / floor_step:.1f}x"  # type: ignore[operator]
@@ -422,13 +434,13 @@ def _report(
     stages = list(runs[0].breakdown) if runs else []
     for run_ in runs:
         stages += [s for s in run_.breakdown if s not in stages]
-    header = [f"{mode} {label}" for mode in args.modes for label, _ in trees]
+    header = [f"{mode} {label}" for mode in args.modes for label, _, _ in trees]
     print("| stage | " + " | ".join(header) + " |")
     print("|---" * (len(header) + 1) + "|")
     for stage in stages:
         cells = []
         for mode in args.modes:
-            for label, _ in trees:
+            for label, _, _ in trees:
                 values = [
                     r.breakdown.get(stage) for r in runs if r.mode == mode and r.tree == label
                 ]
