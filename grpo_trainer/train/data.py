@@ -108,6 +108,8 @@ class MicroBatch:
     inference_logprobs: Tensor
     advantages: Tensor
     temperatures: Tensor
+    policy_versions: Tensor
+    """``[B]``: the policy version each sequence was sampled at (its group's; -1 unknown)."""
 
     def to(self, device: str) -> MicroBatch:
         """The same micro-batch on ``device``."""
@@ -136,6 +138,7 @@ class _Row:
     inference: list[float]
     advantage: list[float]
     temperature: float
+    version: int
 
 
 def _rows(group: Group, index: int, seq_len: int) -> list[_Row]:
@@ -163,6 +166,7 @@ def _rows(group: Group, index: int, seq_len: int) -> list[_Row]:
                 inference=[lp * t for lp, t in zip(inference[i][1:], trained, strict=True)],
                 advantage=per_token,
                 temperature=sequence_temperature(group, i),
+                version=-1 if group.policy_version is None else group.policy_version,
             )
         )
     return rows
@@ -183,6 +187,7 @@ def _pad(rows: list[_Row], pad_id: int) -> MicroBatch:
         inference_logprobs=torch.tensor([padded(r.inference, length - 1, 0.0) for r in rows]),
         advantages=torch.tensor([padded(r.advantage, length - 1, 0.0) for r in rows]),
         temperatures=torch.tensor([r.temperature for r in rows]),
+        policy_versions=torch.tensor([r.version for r in rows], dtype=torch.long),
     )
 
 
