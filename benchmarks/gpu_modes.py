@@ -298,7 +298,12 @@ def profile_for(
             "output_dir": str(output_dir),
             "seed": 0,
         },
-        "api": {"port": ports[0]},
+        "api": {"port": ports[0]}
+        | (
+            {"max_batches_offpolicy": args.max_batches_offpolicy}
+            if args.max_batches_offpolicy is not None
+            else {}
+        ),
         "inference": inference,
         "trainer": trainer,
         "env": [{"task": "toy", "group_size": args.group_size, "max_concurrency": 8}],
@@ -1026,6 +1031,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tiny-lr", type=float, default=3e-3, help="full-weight lr, tiny model")
     parser.add_argument("--tiny-lora-lr", type=float, default=1e-2, help="LoRA lr, tiny model")
     parser.add_argument("--prompts", type=int, default=8)
+    parser.add_argument(
+        "--max-batches-offpolicy",
+        type=int,
+        default=None,
+        help="the API's queue bound (default: the API's); 0 = synchronous, every sample drawn "
+        "from the weights the trainer holds when it trains on it (off-policy lag 0)",
+    )
     parser.add_argument("--group-size", type=int, default=8)
     parser.add_argument("--parallel", type=int, default=0, help="cells at a time (0 = all)")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds for everything")
