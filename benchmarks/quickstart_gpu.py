@@ -10,8 +10,16 @@ with the seconds from the command to that step (vLLM start-up included). A run s
 it reached the target (SIGKILL of its supervisor, then a sweep of its tagged processes),
 when its trainer ends, or at the deadline.
 
+``--colocate-ranks N`` runs ``colocate`` on the last N of ``--gpus`` at once: an FSDP2
+trainer of N ranks and vLLM with ``data_parallel_size`` N, one rank and one replica per GPU
+(issue 13's "rises in colocate on two GPUs"); ``--cpu`` runs the same copies on CPU (the
+built-in server, float32; ``colocate`` on N gloo ranks and N built-in replicas), a check of
+the plumbing and of the recipe on this machine, no GPU numbers.
+
     python benchmarks/quickstart_gpu.py --out OUT --gpus 0 1          # the device run
+    python benchmarks/quickstart_gpu.py --out OUT --gpus 2 3 --modes colocate --colocate-ranks 2
     python benchmarks/quickstart_gpu.py --out /tmp/q --dry-run         # copies + check
+    python benchmarks/quickstart_gpu.py --out /tmp/q --cpu --modes colocate --colocate-ranks 2
 
 Writes ``quickstart_gpu.md`` and ``quickstart_gpu.json`` to ``--out``.
 """
@@ -46,7 +54,9 @@ class ModeRun:
     """One mode's run: rewards per step and when the target was reached."""
 
     mode: str
-    gpu: int
+    gpus: list[int]
+    """The GPUs both roles use (several: ``colocate`` with one rank and replica on each;
+    empty on CPU)."""
     status: str = "not run"
     rewards: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
@@ -57,26 +67,45 @@ class ModeRun:
     leftovers: list[str] = field(default_factory=list)
 
 
-def place(modes: list[str], gpus: list[int]) -> list[ModeRun]:
-    """Each mode's GPU: ``colocate`` gets the last GPU to itself (vLLM asserts when another
-    process allocates on its GPU while it falls asleep, docs/inference.md), the other modes
-    share the rest round-robin; on one GPU, ``colocate`` runs after the others."""
-    shared = gpus[:-1] if "colocate" in modes and len(gpus) > 1 else gpus
+def place(modes: list[str], gpus: list[int], colocate_ranks: int = 1) -> list[ModeRun]:
+    """Each mode's GPUs: ``colocate`` gets the last ``colocate_ranks`` GPUs to itself (vLLM
+    asserts when another process allocates on its GPU while it falls asleep,
+    docs/inference.md), the other modes share the rest round-robin, one GPU each; where no
+    GPU is left over, ``colocate`` runs after the others."""
+    alone = "colocate" in modes and len(gpus) > colocate_ranks
+    shared = gpus[:-colocate_ranks] if alone else gpus
     others = [m for m in modes if m != "colocate"]
-    runs = [ModeRun(m, shared[i % len(shared)]) for i, m in enumerate(others)]
+    runs = [ModeRun(m, [shared[i % len(shared)]]) for i, m in enumerate(others)]
     if "colocate" in modes:
-        runs.append(ModeRun("colocate", gpus[-1]))
+        runs.append(ModeRun("colocate", gpus[-colocate_ranks:]))
     return runs
 
 
-def profile_copy(mode: str, gpu: int, ports: list[int], out: Path) -> dict[str, Any]:
-    """The quickstart-gpu profile with only what running modes side by side needs changed."""
+def profile_copy(
+    mode: str, gpus: list[int], ports: list[int], out: Path, *, cpu: bool = False
+) -> dict[str, Any]:
+    """The quickstart-gpu profile with only what running modes side by side needs changed:
+    several ``gpus`` put one trainer rank and one vLLM replica on each (``colocate``);
+    ``cpu`` swaps vLLM and CUDA for the built-in server on CPU (float32), ranks as replicas."""
     body = tomllib.loads(PROFILE.read_text())
     body["run"] |= {"mode": mode, "name": f"quickstart-gpu-{mode}", "output_dir": str(out)}
     body["api"]["port"], body["inference"]["port"] = ports
-    body["inference"]["gpus"] = body["trainer"]["gpus"] = [gpu]
-    if shutil.which("vllm") is None:
-        body["inference"]["vllm_executable"] = vllm_cli()
+    inference, trainer = body["inference"], body["trainer"]
+    replicas = max(1, len(gpus))
+    if cpu:
+        for key in ("gpus", "gpu_memory_utilization", "extra_args", "weight_transfer"):
+            inference.pop(key, None)
+        trainer.pop("gpus", None)
+        inference |= {"backend": "builtin", "device": "cpu", "dtype": "float32"}
+        trainer |= {"device": "cpu", "dtype": "float32"}
+        if replicas > 1:
+            trainer["ranks"] = replicas
+    else:
+        inference["gpus"] = trainer["gpus"] = list(gpus)
+        if shutil.which("vllm") is None:
+            inference["vllm_executable"] = vllm_cli()
+    if replicas > 1:
+        inference["data_parallel_size"] = replicas
     return body
 
 
@@ -85,13 +114,14 @@ def rolling(rewards: list[float]) -> list[float]:
     return [statistics.fmean(rewards[i - WINDOW : i]) for i in range(WINDOW, len(rewards) + 1)]
 
 
-def watch(run: ModeRun, work: Path, deadline: float, target: float) -> None:
+def watch(run: ModeRun, work: Path, deadline: float, target: float, cpu: bool = False) -> None:
     """Run one mode until it reaches ``target``, its trainer ends, or ``deadline``."""
     cell = work / run.mode
     cell.mkdir(parents=True, exist_ok=True)
     ports = free_ports(2, first=24000 + 10 * MODES.index(run.mode))
     profile = cell / "profile.toml"
-    profile.write_text(tomli_w.dumps(profile_copy(run.mode, run.gpu, ports, cell / "runs")))
+    body = profile_copy(run.mode, run.gpus, ports, cell / "runs", cpu=cpu)
+    profile.write_text(tomli_w.dumps(body))
     began = time.time()
     with (cell / "supervisor.jsonl").open("wb") as out, (cell / "supervisor.err").open("wb") as err:
         proc = subprocess.Popen(
@@ -154,8 +184,15 @@ def markdown(runs: list[ModeRun], info: dict[str, str], args: argparse.Namespace
         "",
         f"- date {info.get('date')}; {info.get('device')}; torch {info.get('torch')}, vLLM "
         f"{info.get('vllm')}, transformers {info.get('transformers')}",
-        f"- modes ran at the same time, spread over GPUs {args.gpus}; the profile as shipped "
-        "except mode, ports, GPU, output dir (and the vLLM command where none is on PATH)",
+        (
+            "- on CPU (`--cpu`): the built-in server in float32, `colocate` on gloo ranks and "
+            "built-in replicas; otherwise the profile as shipped (a check, no GPU figures)"
+            if getattr(args, "cpu", False)
+            else f"- modes ran at the same time, spread over GPUs {args.gpus}; the profile as "
+            "shipped except mode, ports, GPUs (several for `colocate`: one trainer rank and "
+            "one vLLM replica each, data_parallel_size = their count), output dir (and the "
+            "vLLM command where none is on PATH)"
+        ),
         f"- reward: mean over {WINDOW} steps; target {args.target}; time from the command "
         "(vLLM start-up and the model build included)",
         "",
@@ -169,11 +206,19 @@ def markdown(runs: list[ModeRun], info: dict[str, str], args: argparse.Namespace
         best = f"{max(windows):.3f}" if windows else "n/a"
         status = r.status + (f": {r.reason[:200]}" if r.reason else "")
         lines.append(
-            f"| {r.mode} | {r.gpu} | {status.replace('|', '/')} | {len(r.rewards)} | {first} | "
+            f"| {r.mode} | {where(r, args)} | {status.replace('|', '/')} | {len(r.rewards)} | "
+            f"{first} | "
             f"{best} | {r.target_step or 'n/a'} | "
             f"{'n/a' if r.target_s is None else f'{r.target_s:.0f}'} |"
         )
     return "\n".join(lines) + "\n"
+
+
+def where(run: ModeRun, args: argparse.Namespace) -> str:
+    """Its GPUs (``2+3``: one trainer rank and one vLLM replica on each), or its CPU ranks."""
+    if getattr(args, "cpu", False):
+        return f"CPU x{len(run.gpus)}" if len(run.gpus) > 1 else "CPU"
+    return "+".join(map(str, run.gpus))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -183,18 +228,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpus", type=int, nargs="+", default=[0])
     parser.add_argument("--budget", type=float, default=500.0)
     parser.add_argument("--target", type=float, default=0.8)
+    parser.add_argument(
+        "--colocate-ranks",
+        type=int,
+        default=1,
+        help="colocate on the last N of --gpus: N trainer ranks, vLLM data_parallel_size N",
+    )
+    parser.add_argument("--cpu", action="store_true", help="built-in server on CPU, float32")
     parser.add_argument("--dry-run", action="store_true", help="write the copies, check them")
     args = parser.parse_args(argv)
+    if args.cpu:  # CPU "GPUs" are rank slots: only how many a run has counts
+        args.gpus = list(range(max(args.colocate_ranks, 1)))
+    if len(args.gpus) < args.colocate_ranks:
+        parser.error(f"--colocate-ranks {args.colocate_ranks} needs as many --gpus")
     out = args.out.resolve()
     work = out / "work-quickstart"
     work.mkdir(parents=True, exist_ok=True)
-    runs = place(args.modes, args.gpus)
+    runs = place(args.modes, args.gpus, args.colocate_ranks)
     if args.dry_run:
         failures = 0
         for run in runs:
             path = work / f"{run.mode}.toml"
             ports = free_ports(2, first=24000 + 10 * MODES.index(run.mode))
-            path.write_text(tomli_w.dumps(profile_copy(run.mode, run.gpu, ports, work)))
+            body = profile_copy(run.mode, run.gpus, ports, work, cpu=args.cpu)
+            path.write_text(tomli_w.dumps(body))
             done = subprocess.run(
                 [sys.executable, "-m", "grpo_tui", "check", str(path)],
                 capture_output=True, text=True, cwd=REPO,
@@ -205,10 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.time() + args.budget
     from concurrent.futures import ThreadPoolExecutor
 
-    alone = [r for r in runs if r.mode == "colocate" and len(args.gpus) == 1]
+    alone = [r for r in runs if r.mode == "colocate" and len(args.gpus) == args.colocate_ranks]
     for batch in ([r for r in runs if r not in alone], alone):  # colocate sleeps alone
         with ThreadPoolExecutor(max_workers=max(1, len(batch))) as pool:
-            list(pool.map(lambda r: watch(r, work, deadline, args.target), batch))
+            list(pool.map(lambda r: watch(r, work, deadline, args.target, args.cpu), batch))
     info = facts(args)
     text = markdown(runs, info, args)
     (out / "quickstart_gpu.md").write_text(text)

@@ -22,7 +22,7 @@ from grpo_tui.roles import build_plan  # noqa: E402
 
 @pytest.mark.parametrize("mode", quickstart_gpu.MODES)
 def test_copy_changes_only_mode_ports_gpu_and_output(tmp_path: Path, mode: str) -> None:
-    body = quickstart_gpu.profile_copy(mode, 1, [8200, 8201], tmp_path / "runs")
+    body = quickstart_gpu.profile_copy(mode, [1], [8200, 8201], tmp_path / "runs")
     shipped = tomllib.loads(quickstart_gpu.PROFILE.read_text())
     assert body["trainer"] | {"gpus": [0]} == shipped["trainer"]
     assert body["env"] == shipped["env"] and body["run"]["tiny"] == shipped["run"]["tiny"]
@@ -44,7 +44,7 @@ def test_target_is_the_first_five_step_mean_to_reach_it(tmp_path: Path) -> None:
         for i, r in enumerate(rewards)
     ]  # fmt: skip
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
-    run = quickstart_gpu.ModeRun("shared_vllm", 0)
+    run = quickstart_gpu.ModeRun("shared_vllm", [0])
     quickstart_gpu.read(run, tmp_path, began=90.0, target=0.8)
     assert run.rewards == rewards
     assert (run.target_step, run.target_s) == (8, 100.0 + 2 * 7 - 90.0)
@@ -56,7 +56,41 @@ def test_target_is_the_first_five_step_mean_to_reach_it(tmp_path: Path) -> None:
 
 def test_colocate_gets_a_gpu_of_its_own() -> None:
     runs = quickstart_gpu.place(list(quickstart_gpu.MODES), [0, 1])
-    assert {r.mode: r.gpu for r in runs} == {
-        "shared_vllm": 0, "lora_only": 0, "none": 0, "lora_restart": 0, "colocate": 1
+    assert {r.mode: r.gpus for r in runs} == {
+        "shared_vllm": [0], "lora_only": [0], "none": [0], "lora_restart": [0], "colocate": [1]
     }  # fmt: skip
-    assert {r.gpu for r in quickstart_gpu.place(["shared_vllm", "colocate"], [3])} == {3}
+    assert [r.gpus for r in quickstart_gpu.place(["shared_vllm", "colocate"], [3])] == [[3], [3]]
+
+
+def test_colocate_on_two_gpus_gets_both_and_the_others_the_rest() -> None:
+    runs = quickstart_gpu.place(["shared_vllm", "colocate"], [0, 2, 3], colocate_ranks=2)
+    assert {r.mode: r.gpus for r in runs} == {"shared_vllm": [0], "colocate": [2, 3]}
+
+
+def test_two_gpu_colocate_copy_runs_two_ranks_and_two_vllm_replicas(tmp_path: Path) -> None:
+    body = quickstart_gpu.profile_copy("colocate", [2, 3], [8200, 8201], tmp_path / "runs")
+    shipped = tomllib.loads(quickstart_gpu.PROFILE.read_text())
+    assert body["trainer"] | {"gpus": [0]} == shipped["trainer"]  # the recipe as shipped
+    assert body["inference"]["data_parallel_size"] == 2
+    path = tmp_path / "p.toml"
+    path.write_text(quickstart_gpu.tomli_w.dumps(body))
+    plan = build_plan(load_profile(path), tmp_path / "run")
+    specs = {s.name: s for s in plan.specs}
+    assert specs["trainer"].env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert specs["inference"].env["CUDA_VISIBLE_DEVICES"] == "2,3"
+    trainer, served = " ".join(specs["trainer"].command), " ".join(specs["inference"].command)
+    assert "--nproc-per-node 2" in trainer and "--weight-bridge-mode colocate" in trainer
+    assert "--data-parallel-size 2" in served and "--enable-sleep-mode" in served
+
+
+def test_cpu_copy_runs_gloo_ranks_and_builtin_replicas(tmp_path: Path) -> None:
+    body = quickstart_gpu.profile_copy(
+        "colocate", [0, 1], [8200, 8201], tmp_path / "runs", cpu=True
+    )
+    path = tmp_path / "p.toml"
+    path.write_text(quickstart_gpu.tomli_w.dumps(body))
+    specs = {s.name: s for s in build_plan(load_profile(path), tmp_path / "run").specs}
+    trainer, served = " ".join(specs["trainer"].command), " ".join(specs["inference"].command)
+    assert "--nproc-per-node 2" in trainer and "--lr 0.001" in trainer
+    assert "grpo_trainer.serve" in served and "--data-parallel-size 2" in served
+    assert "--device cpu" in served
