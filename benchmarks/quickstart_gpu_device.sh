@@ -5,6 +5,8 @@
 # Before: the vLLM parts in /root/vv/part-* (docs/gpu.md); .whl (tomli_w) carried.
 # Call:   run(command="bash benchmarks/quickstart_gpu_device.sh", carry=[".whl"],
 #             kind="nvidia-h200-x2", timeout_s=600)
+# Colocate on two GPUs alone (issue 13): QUICKSTART_GPUS="2 3"
+#   QUICKSTART_ARGS="--modes colocate --colocate-ranks 2" (2 trainer ranks + vLLM DP 2).
 # Out:    quickstart_gpu.md (the table), quickstart_gpu.log (console), all.tar.gz (JSON,
 #         profiles, metrics, logs).
 set -uo pipefail
@@ -15,7 +17,7 @@ TOTAL=${GPU_TOTAL:-560}
 source benchmarks/gpu_setup.sh
 # shellcheck disable=SC2086
 timeout -k 10 $((TOTAL - SECONDS - 30)) python3 benchmarks/quickstart_gpu.py --out "$OUT" \
-  --gpus ${QUICKSTART_GPUS:-0 1} --budget $((TOTAL - SECONDS - 60))
+  --gpus ${QUICKSTART_GPUS:-0 1} --budget $((TOTAL - SECONDS - 60)) ${QUICKSTART_ARGS:-}
 status=$?
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
 (
