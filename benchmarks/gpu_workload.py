@@ -19,6 +19,21 @@ other, in priority order, each inside what is left of ``--budget``:
                needs the server on a GPU of its own), said so in the table
   g. colocate  ``grpo-tui run``, ``colocate``
 
+Two GPUs (a lane naming two, ``--device cuda:0+1``; issue 13's comparison, same model and
+global batch, both on the same two GPUs one after the other):
+
+  h. split      ``grpo-tui run``, ``shared_vllm``: the trainer alone on the first GPU, vLLM
+                alone on the second, weights over NCCL (``weight_transfer = "nccl"``), one
+                step of overlap (``max_batches_offpolicy = 1``: generation on one GPU while
+                the other trains, what this layout is for)
+  i. colocate2  ``grpo-tui run``, ``colocate``: an FSDP2 trainer of 2 ranks and vLLM with
+                ``data_parallel_size`` 2, one rank and one replica per GPU, synchronous
+                (the replicas sleep while the ranks train)
+
+Their tokens/s are also given per GPU (both use two), and colocate2 / split per GPU against
+the goal of 1.3x. On CPU (``--quick``) colocate2 runs 2 gloo ranks and 2 built-in replicas,
+and split the built-in ``shared_vllm`` in one process (no NCCL there): a plumbing check.
+
 A part that does not fit in what is left is written "not run: out of time", never dropped.
 Step times are wall-clock intervals between consecutive optimizer steps (the first step is
 warm-up and not counted), so generation, data wait, training and sync are all inside;
@@ -26,6 +41,8 @@ end-to-end tokens/s = completion tokens per step / step time. GPU memory is the 
 used memory during the part (NVML; the GPU holds nothing else).
 
     python benchmarks/gpu_workload.py --size 0.5b --device cuda:0 --out OUT --budget 510
+    python benchmarks/gpu_workload.py --size 0.5b --device cuda:0+1 --parts split colocate2 \
+        --out OUT
     python benchmarks/gpu_workload.py --size 0.5b --out /tmp/w --dry-run     # profiles, check
     python benchmarks/gpu_workload.py --quick --out /tmp/w                   # CPU, tiny
     python benchmarks/gpu_workload.py --combine OUT/gpu_workload_*.json > results.md
@@ -65,10 +82,16 @@ SIZES = {"0.5b": ("qwen2.5-0.5b", 32), "1.5b": ("qwen2.5-1.5b", 16)}
 """Size -> (shape in model_shapes.py, sequences per micro-batch: activations of one
 micro-batch without gradient checkpointing stay well under the GPU beside vLLM)."""
 MIB = 1024 * 1024
-PARTS = ("floor", "sync", "trl", "overlap", "lora", "trl-server", "colocate")
+PARTS = ("floor", "sync", "trl", "overlap", "lora", "trl-server", "colocate", "split", "colocate2")
+TWO_GPU_PARTS = ("split", "colocate2")
+"""Parts that take both GPUs of a two-GPU lane (``--device cuda:A+B``)."""
+GOAL_TWO_GPUS = 1.3
+"""Issue 13: colocate on both GPUs >= 1.3x the split layout's tokens/s per GPU."""
 NEEDS = {"floor": 120, "sync": 90, "trl": 120, "overlap": 90, "lora": 90, "colocate": 90}
+NEEDS |= {"split": 100, "colocate2": 110}
 """Seconds a part needs at least (start-ups included) to be worth starting."""
 CAPS = {"floor": 200, "sync": 160, "trl": 200, "overlap": 160, "lora": 220, "colocate": 160}
+CAPS |= {"split": 180, "colocate2": 200}
 """Seconds a part may take at most, so that one that hangs leaves time to the next."""
 TRL_SERVER_REASON = (
     "not run: TRL's server mode pushes weights over NCCL from the trainer to a server on "
@@ -89,12 +112,19 @@ class Part:
     gpu_peak_mib: float | None = None
     gpu: int | None = None
     """The GPU it ran on (a size's parts may be spread over GPUs of one host, one call)."""
+    gpus: list[int] = field(default_factory=list)
+    """Every GPU it used, when more than one (``split``, ``colocate2``)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def step(self) -> float | None:
         """Median step time, warm-up excluded (``step_times`` hold measured steps only)."""
         return statistics.median(self.step_times) if self.step_times else None
+
+    @property
+    def devices(self) -> int:
+        """How many GPUs (on CPU: rank slots) the part takes: tokens/s per GPU divide by it."""
+        return 2 if self.part in TWO_GPU_PARTS else 1
 
 
 # ------------------------------------------------------------------------- setup
@@ -125,28 +155,29 @@ def build_model(path: Path, shape: str, device: str) -> int:
 
 
 class GpuPeak:
-    """Peak used memory of one GPU (NVML, physical index) while the ``with`` block runs."""
+    """Peak used memory of the most loaded of some GPUs (NVML, physical indices) while the
+    ``with`` block runs."""
 
-    def __init__(self, index: int | None) -> None:
-        self.index = index
+    def __init__(self, index: int | list[int] | None) -> None:
+        self.indices = [] if index is None else [index] if isinstance(index, int) else index
         self.peak: float | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> GpuPeak:
-        if self.index is None:
+        if not self.indices:
             return self
         try:
             import pynvml
 
             pynvml.nvmlInit()
-            handle = pynvml.nvmlDeviceGetHandleByIndex(self.index)
+            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
         except Exception:
             return self
 
         def sample() -> None:
             while not self._stop.is_set():
-                used = pynvml.nvmlDeviceGetMemoryInfo(handle).used / MIB
+                used = max(pynvml.nvmlDeviceGetMemoryInfo(h).used / MIB for h in handles)
                 self.peak = max(self.peak or 0.0, used)
                 self._stop.wait(0.25)
 
@@ -187,10 +218,10 @@ def wait_gpu_free(index: int | None, baseline: float | None, timeout: float = 45
 
 
 def child_env(args: argparse.Namespace) -> dict[str, str]:
-    """Our processes' environment: this size's GPU only, multicast off, few CPU threads."""
+    """Our processes' environment: this lane's GPUs only, multicast off, few CPU threads."""
     env = dict(os.environ)
     if args.gpu is not None:
-        env["CUDA_VISIBLE_DEVICES"] = str(args.gpu)
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, args.gpus))
         env["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"
     env |= {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1"}
     env |= {"NVSHMEM_DISABLE_NVLS": "1", "PYTHONUNBUFFERED": "1"}
@@ -212,19 +243,35 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
 # ----------------------------------------------------------------- settings of a run
 
 
-def inference_table(args: argparse.Namespace, port: int) -> dict[str, Any]:
-    """``[inference]`` for this size (also the floor's server)."""
+def placement(args: argparse.Namespace, part: str) -> tuple[list[int], list[int]]:
+    """(trainer GPUs, inference GPUs) of a part: the lane's first GPU for one-GPU parts;
+    ``split`` the first for the trainer and the second for vLLM; ``colocate2`` both for both.
+    Empty on CPU."""
+    if args.gpu is None:
+        return [], []
+    first, *rest = args.gpus
+    if part == "split":
+        return [first], rest[:1]
+    if part == "colocate2":
+        return list(args.gpus), list(args.gpus)
+    return [first], [first]
+
+
+def inference_table(args: argparse.Namespace, port: int, part: str = "floor") -> dict[str, Any]:
+    """``[inference]`` for this size and part (also the floor's server)."""
     table: dict[str, Any] = {"backend": args.backend, "port": port, "dtype": args.dtype}
     table["max_model_len"] = args.prompt_len + args.completion_len + 64
+    if part == "colocate2":  # one replica per trainer rank (built-in on CPU: per gloo rank)
+        table["data_parallel_size"] = 2
     if args.backend == "vllm":
         table |= {
-            "gpus": [args.gpu],
+            "gpus": placement(args, part)[1],
             "gpu_memory_utilization": args.vllm_memory,
             "enforce_eager": not args.cuda_graphs,
             "vllm_executable": vllm_cli(),
             "max_lora_rank": 16,
             # A fixed KV cache: no free-memory profiling beside the trainer, and room for
-            # the whole batch (prompts x group x (prompt + completion)) at once.
+            # the whole batch (prompts x group x (prompt + completion)) at once (per replica).
             "extra_args": [
                 "--kv-cache-memory-bytes",
                 str(args.kv_cache_gib * 1024 * MIB),
@@ -232,13 +279,16 @@ def inference_table(args: argparse.Namespace, port: int) -> dict[str, Any]:
                 str(args.prompts * args.group_size),  # TRL's value too
             ],
         }
+        if part == "split":
+            table["weight_transfer"] = "nccl"
     else:
         table["device"] = args.device
     return table
 
 
-def trainer_table(args: argparse.Namespace, mode: str) -> dict[str, Any]:
-    """``[trainer]``: the loss, batch and optimizer TRL gets too."""
+def trainer_table(args: argparse.Namespace, mode: str, part: str = "floor") -> dict[str, Any]:
+    """``[trainer]``: the loss, batch and optimizer TRL gets too (the global batch: a trainer
+    of 2 ranks trains half of it on each)."""
     batch = args.prompts * args.group_size
     table: dict[str, Any] = {
         "device": "cuda" if args.gpu is not None else args.device,
@@ -256,7 +306,9 @@ def trainer_table(args: argparse.Namespace, mode: str) -> dict[str, Any]:
         "max_sync_lag": 1,
     }
     if args.gpu is not None:
-        table["gpus"] = [args.gpu]
+        table["gpus"] = placement(args, part)[0]
+    elif part == "colocate2":
+        table["ranks"] = 2  # gloo ranks on CPU, one per built-in replica
     if mode == "lora_only":
         table |= {"lora_r": 16, "lora_alpha": 32, "lora_target_modules": ["q_proj", "v_proj"]}
     return table
@@ -269,8 +321,8 @@ def profile_for(
     return {
         "run": {"name": part, "mode": mode, "model": str(args.model), "output_dir": str(runs)},
         "api": {"port": ports[0], "max_batches_offpolicy": bound},
-        "inference": inference_table(args, ports[1]),
-        "trainer": trainer_table(args, mode),
+        "inference": inference_table(args, ports[1], part),
+        "trainer": trainer_table(args, mode, part),
         "env": [
             {
                 "task": TASK,
@@ -290,6 +342,8 @@ GRPO_PARTS = {
     "overlap": ("shared_vllm", 1),
     "lora": ("lora_only", 0),
     "colocate": ("colocate", 0),
+    "split": ("shared_vllm", 1),
+    "colocate2": ("colocate", 0),
 }
 
 
@@ -434,7 +488,11 @@ def run_grpo(args: argparse.Namespace, part: str, work: Path, deadline: float) -
     """One ``grpo-tui run`` until ``--steps`` optimizer steps, then SIGKILL and sweep."""
     mode, bound = GRPO_PARTS[part]
     label = f"grpo-tui {mode}, " + ("synchronous" if bound == 0 else f"{bound} step overlap")
+    label = two_gpu_label(args, part) or label
     result = Part(part, label)
+    trainer_gpus, inference_gpus = placement(args, part)
+    used = sorted(set(trainer_gpus + inference_gpus))
+    result.gpus = used if len(used) > 1 else []
     cell = work / part
     cell.mkdir(parents=True, exist_ok=True)
     ports = free_ports(2, first=21000 + 1000 * (args.gpu or 0) + 10 * PARTS.index(part))
@@ -443,7 +501,7 @@ def run_grpo(args: argparse.Namespace, part: str, work: Path, deadline: float) -
     command = [sys.executable, "-m", "grpo_tui", "run", str(profile), "--json"]
     started = time.time()
     run_id = ""
-    with GpuPeak(args.gpu) as peak:
+    with GpuPeak(used or None) as peak:
         with (
             (cell / "supervisor.jsonl").open("wb") as out,
             (cell / "supervisor.err").open("wb") as err,
@@ -485,6 +543,24 @@ def run_grpo(args: argparse.Namespace, part: str, work: Path, deadline: float) -
             f"{p.name}: {tail(p, 6)}" for p in [cell / "supervisor.err", *logs] if tail(p, 1)
         )[-3000:]
     return result
+
+
+def two_gpu_label(args: argparse.Namespace, part: str) -> str:
+    """What a two-GPU part runs, GPUs named (empty for the other parts)."""
+    trainer, served = placement(args, part)
+    if part == "split":
+        if args.gpu is None:
+            return "grpo-tui shared_vllm, CPU check: trainer and built-in server, no NCCL"
+        return (
+            f"grpo-tui shared_vllm split: trainer GPU {trainer[0]}, vLLM GPU {served[0]}, "
+            "NCCL sync, 1 step overlap"
+        )
+    if part == "colocate2":
+        where = "2 gloo ranks + 2 built-in replicas (CPU check)"
+        if args.gpu is not None:
+            where = f"2 FSDP2 ranks + 2 vLLM replicas on GPUs {'+'.join(map(str, trainer))}"
+        return f"grpo-tui colocate, {where}, synchronous"
+    return ""
 
 
 def run_trl(args: argparse.Namespace, work: Path, deadline: float) -> Part:
@@ -576,8 +652,8 @@ def markdown(args: argparse.Namespace, parts: list[Part], info: dict[str, str]) 
         f"{args.steps} steps per run, the first not counted",
         "",
         "| part | system | GPU | status | steps counted | step time median (s) | end-to-end "
-        "completion tok/s | vs floor | GPU peak MiB | start-up s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "completion tok/s | per GPU | vs floor | GPU peak MiB | start-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in parts:
         step = p.step
@@ -589,12 +665,15 @@ def markdown(args: argparse.Namespace, parts: list[Part], info: dict[str, str]) 
         elif p.part == "floor" and fsum:
             versus = f"sum {fsum:.2f} s, max {_s(fmax)} s"
         rate = tokens_per_s(args, step)
+        per_gpu = None if rate is None else rate / p.devices
         status = p.status if not p.reason else f"{p.status}: {p.reason[:300]}"
         status = status.replace("|", "/").replace("\n", " ")
+        where = "+".join(map(str, p.gpus)) if p.gpus else "-" if p.gpu is None else p.gpu
         lines.append(
-            f"| {p.part} | {p.system} | {'-' if p.gpu is None else p.gpu} | {status} | "
+            f"| {p.part} | {p.system} | {where} | {status} | "
             f"{len(p.step_times)} | {_s(step)} | "
-            f"{'n/a' if rate is None else f'{rate:,.0f}'} | {versus} | "
+            f"{'n/a' if rate is None else f'{rate:,.0f}'} | "
+            f"{'n/a' if per_gpu is None else f'{per_gpu:,.0f}'} | {versus} | "
             f"{'n/a' if p.gpu_peak_mib is None else f'{p.gpu_peak_mib:,.0f}'} | "
             f"{_s(p.startup_s)} |"
         )
@@ -637,6 +716,12 @@ def verdicts(
         1.3,
         None if ratio is None else ratio >= 1.3,
     )
+    split, colocate2 = by.get("split"), by.get("colocate2")
+    if split or colocate2:  # both on the same two GPUs: per GPU the ratio of step times
+        ratio = split.step / colocate2.step if split and split.step and colocate2 and \
+            colocate2.step else None  # fmt: skip
+        line("colocate2 tok/s per GPU / split tok/s per GPU", ratio, GOAL_TWO_GPUS,
+             None if ratio is None else ratio >= GOAL_TWO_GPUS)  # fmt: skip
     return out
 
 
@@ -700,12 +785,16 @@ def save(args: argparse.Namespace, parts: list[Part], info: dict[str, str], out:
 def dry_run(args: argparse.Namespace, work: Path) -> int:
     """Write every grpo-tui part's profile and ``grpo-tui check`` it; print the TRL argv."""
     failures = 0
+    two = argparse.Namespace(**vars(args))
+    if len(two.gpus) < 2:  # the two-GPU parts are checked on this GPU and the next
+        two.gpus = [args.gpu, args.gpu + 1]
     for part in GRPO_PARTS:
         mode, bound = GRPO_PARTS[part]
+        lane = two if part in TWO_GPU_PARTS else args
         profile = work / part / "profile.toml"
         profile.parent.mkdir(parents=True, exist_ok=True)
         ports = free_ports(2, first=21000 + 10 * PARTS.index(part))
-        profile.write_text(tomli_w.dumps(profile_for(args, part, mode, bound, ports, work)))
+        profile.write_text(tomli_w.dumps(profile_for(lane, part, mode, bound, ports, work)))
         done = subprocess.run(
             [sys.executable, "-m", "grpo_tui", "check", str(profile)],
             capture_output=True, text=True, cwd=REPO, env=child_env(args),
@@ -718,7 +807,11 @@ def dry_run(args: argparse.Namespace, work: Path) -> int:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size", choices=list(SIZES), default="0.5b")
-    parser.add_argument("--device", default="cuda:0", help="cuda:N (physical index) or cpu")
+    parser.add_argument(
+        "--device",
+        default="cuda:0",
+        help="cuda:N (physical index), cuda:A+B (two GPUs: split, colocate2) or cpu",
+    )
     parser.add_argument("--out", type=Path, help="results folder")
     parser.add_argument("--budget", type=float, default=510.0, help="seconds for every part")
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
@@ -760,9 +853,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.prompt_len = PROMPT_CHARS  # the task's prompts: one token per character
     args.dtype = "float32" if args.device == "cpu" else "bfloat16"
     head, _, index = args.device.partition(":")
-    args.gpu = int(index or 0) if head == "cuda" else None
+    args.gpus = [int(i) for i in (index or "0").split("+")] if head == "cuda" else []
+    if len(args.gpus) > 2 or len(set(args.gpus)) != len(args.gpus):
+        parser.error(f"--device {args.device}: one GPU, or two different ones (cuda:A+B)")
+    args.gpu = args.gpus[0] if args.gpus else None
     if args.dry_run and args.gpu is None:
-        args.gpu = 0
+        args.gpu, args.gpus = 0, [0]
     if (args.prompts * args.group_size) % args.micro:
         parser.error(f"--micro {args.micro} does not divide the batch")
     return args
@@ -796,14 +892,18 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return dry_run(args, work)
     parts: list[Part] = []
-    baseline = gpu_used_mib(args.gpu)
+    baselines = {gpu: gpu_used_mib(gpu) for gpu in args.gpus}
     for name in args.parts:
-        waited = wait_gpu_free(args.gpu, baseline)
+        waited = sum(wait_gpu_free(gpu, used) for gpu, used in baselines.items())
         if waited > 1:
             print(f"gpu_workload {args.size}: waited {waited:.0f} s for GPU memory", flush=True)
         left = end - time.monotonic()
         if name == "trl-server":
             parts.append(Part(name, "TRL GRPOTrainer, vLLM server", status=TRL_SERVER_REASON))
+            continue
+        if name in TWO_GPU_PARTS and args.gpu is not None and len(args.gpus) != 2:
+            reason = f"not run: needs two GPUs (a lane such as {args.size}:0+1:{name})"
+            parts.append(Part(name, name, status=reason))
             continue
         if left < NEEDS[name] and not args.quick:
             parts.append(Part(name, name, status=f"not run: out of time ({left:.0f} s left)"))

@@ -12,6 +12,8 @@
 # Out:    gpu_workload.md (every size: the results file), gpu_workload.log (the console),
 #         all.tar.gz (per lane: JSON, table, console, profiles, metrics, logs). Extra
 #         gpu_workload.py flags: GPU_WORKLOAD_ARGS.
+# Two GPUs in one lane (issue 13: colocate on both vs the split layout, same GPUs, one after
+# the other): GPU_WORKLOAD_LANES="0.5b:0+1:split,colocate2".
 # Four GPUs (kind nvidia-h200-x4), every part of both sizes in one call:
 #   GPU_WORKLOAD_LANES="0.5b:0:floor,sync,overlap 0.5b:1:trl,trl-server,lora,colocate
 #     1.5b:2:floor,sync,overlap 1.5b:3:trl,trl-server,lora,colocate"
@@ -46,11 +48,12 @@ echo "gpu_workload_device: $LANES with ${budget}s each from $(date -u +%T)"
 pids=()
 for lane in $LANES; do
   IFS=: read -r size gpu parts <<<"$lane"
-  mkdir -p "$OUT/lane-$gpu"
+  dir="$OUT/lane-${gpu//+/-}"   # cuda:0+1, a two-GPU lane: lane-0-1
+  mkdir -p "$dir"
   # shellcheck disable=SC2086
   timeout -k 10 $((budget + 15)) python3 benchmarks/gpu_workload.py --size "$size" \
-    --device "cuda:$gpu" --out "$OUT/lane-$gpu" --budget "$budget" \
-    ${parts:+--parts ${parts//,/ }} ${GPU_WORKLOAD_ARGS:-} > "$OUT/lane-$gpu/console.log" 2>&1 &
+    --device "cuda:$gpu" --out "$dir" --budget "$budget" \
+    ${parts:+--parts ${parts//,/ }} ${GPU_WORKLOAD_ARGS:-} > "$dir/console.log" 2>&1 &
   pids+=($!)
 done
 status=0

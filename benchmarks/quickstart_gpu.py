@@ -60,6 +60,11 @@ class ModeRun:
     status: str = "not run"
     rewards: list[float] = field(default_factory=list)
     step_times: list[float] = field(default_factory=list)
+    alignment: list[float] = field(default_factory=list)
+    """Per step: |trainer - server logprob| of the sampled tokens (off-policy drift in)."""
+    alignment_lag0: list[float] = field(default_factory=list)
+    """Per step that has them: the same over sequences sampled at the weights being trained
+    (the weight sync's error alone; ~5e-3 in bf16)."""
     target_step: int | None = None
     target_s: float | None = None
     wall_s: float = 0.0
@@ -169,6 +174,15 @@ def read(run: ModeRun, cell: Path, began: float, target: float) -> None:
         key=lambda r: r["step"],
     )
     run.rewards = [float(r["data"]["reward/mean"]) for r in records]
+    data = [r["data"] for r in records]
+    run.alignment = [
+        float(d["alignment/diff_abs_mean"]) for d in data if "alignment/diff_abs_mean" in d
+    ]
+    run.alignment_lag0 = [
+        float(d["alignment/diff_abs_mean_lag0"])
+        for d in data
+        if "alignment/diff_abs_mean_lag0" in d
+    ]
     run.step_times = [float(r["t"]) - began for r in records]
     for index, mean in enumerate(rolling(run.rewards)):
         if mean >= target:
@@ -197,8 +211,9 @@ def markdown(runs: list[ModeRun], info: dict[str, str], args: argparse.Namespace
         "(vLLM start-up and the model build included)",
         "",
         f"| mode | GPU | status | steps | reward, first {WINDOW} | best {WINDOW}-step mean "
-        f"| step reaching {args.target} | seconds to {args.target} |",
-        "|---|---|---|---|---|---|---|---|",
+        f"| step reaching {args.target} | seconds to {args.target} | |Δlogp| median / max "
+        "| lag-0 |Δlogp| median / max (steps) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         windows = rolling(r.rewards)
@@ -209,9 +224,17 @@ def markdown(runs: list[ModeRun], info: dict[str, str], args: argparse.Namespace
             f"| {r.mode} | {where(r, args)} | {status.replace('|', '/')} | {len(r.rewards)} | "
             f"{first} | "
             f"{best} | {r.target_step or 'n/a'} | "
-            f"{'n/a' if r.target_s is None else f'{r.target_s:.0f}'} |"
+            f"{'n/a' if r.target_s is None else f'{r.target_s:.0f}'} | "
+            f"{spread(r.alignment)} | {spread(r.alignment_lag0)} ({len(r.alignment_lag0)}) |"
         )
     return "\n".join(lines) + "\n"
+
+
+def spread(values: list[float]) -> str:
+    """``median / max`` of per-step values, or n/a."""
+    if not values:
+        return "n/a"
+    return f"{statistics.median(values):.2g} / {max(values):.2g}"
 
 
 def where(run: ModeRun, args: argparse.Namespace) -> str:

@@ -30,16 +30,25 @@ def flag(command: list[str], name: str) -> str:
     return command[command.index(name) + 1]
 
 
-@pytest.mark.parametrize("part", list(gpu_workload.GRPO_PARTS))
-def test_part_profile_pins_its_gpu_and_fixes_the_work(tmp_path: Path, part: str) -> None:
-    args = gpu_workload.parse_args(["--size", "1.5b", "--device", "cuda:1", "--out", "x"])
+ONE_GPU_PARTS = [p for p in gpu_workload.GRPO_PARTS if p not in gpu_workload.TWO_GPU_PARTS]
+
+
+def part_specs(tmp_path: Path, device: str, part: str, size: str = "1.5b") -> dict:
+    """The role layer's process specs of one part's profile on ``device``."""
+    args = gpu_workload.parse_args(["--size", size, "--device", device, "--out", "x"])
     args.model = tmp_path / "model"
     qwen2_config(args.shape).save_pretrained(args.model)  # the config is what check reads
     mode, bound = gpu_workload.GRPO_PARTS[part]
     body = gpu_workload.profile_for(args, part, mode, bound, [8100, 8101], tmp_path / "runs")
     path = tmp_path / "p.toml"
     path.write_text(gpu_workload.tomli_w.dumps(body))
-    specs = {s.name: s for s in build_plan(load_profile(path), tmp_path / "run").specs}
+    return {s.name: s for s in build_plan(load_profile(path), tmp_path / "run").specs}
+
+
+@pytest.mark.parametrize("part", ONE_GPU_PARTS)
+def test_part_profile_pins_its_gpu_and_fixes_the_work(tmp_path: Path, part: str) -> None:
+    mode, bound = gpu_workload.GRPO_PARTS[part]
+    specs = part_specs(tmp_path, "cuda:1", part)
     for role in ("inference", "trainer"):
         assert specs[role].env["CUDA_VISIBLE_DEVICES"] == "1"  # the other lane's GPU is 0
         assert specs[role].env["NCCL_NVLS_ENABLE"] == "0"
@@ -52,6 +61,63 @@ def test_part_profile_pins_its_gpu_and_fixes_the_work(tmp_path: Path, part: str)
     assert batch == 512 and flag(trainer, "--seq-len") == str(PROMPT_CHARS + 256)
     assert flag(trainer, "--weight-bridge-mode") == mode
     assert "--kv-cache-memory-bytes" in specs["inference"].command
+
+
+@pytest.mark.parametrize("part", gpu_workload.TWO_GPU_PARTS)
+def test_two_gpu_parts_place_the_roles_and_keep_the_global_batch(tmp_path: Path, part: str):
+    """split: trainer on the lane's first GPU, vLLM alone on the second, NCCL, one step of
+    overlap; colocate2: 2 ranks and 2 vLLM replicas on both. Same 512 x (128 + 256) step."""
+    specs = part_specs(tmp_path, "cuda:2+3", part, size="0.5b")
+    trainer, served = specs["trainer"].command, specs["inference"].command
+    visible = {role: specs[role].env["CUDA_VISIBLE_DEVICES"] for role in ("trainer", "inference")}
+    for role in ("inference", "trainer"):
+        env = specs[role].env
+        assert (env["NCCL_NVLS_ENABLE"], env["TORCH_SYMM_MEM_DISABLE_MULTICAST"]) == ("0", "1")
+        assert env["NVSHMEM_DISABLE_NVLS"] == "1"
+    if part == "split":
+        assert visible == {"trainer": "2", "inference": "3"}
+        assert flag(trainer, "--weight-bridge-mode") == "shared_vllm"
+        assert "--data-parallel-size" not in served
+        assert flag(specs["api"].command, "--max-batches-offpolicy") == "1"
+    else:
+        assert visible == {"trainer": "2,3", "inference": "2,3"}
+        assert flag(trainer, "--nproc-per-node") == "2"
+        assert flag(trainer, "--weight-bridge-mode") == "colocate"
+        assert flag(served, "--data-parallel-size") == "2" and "--enable-sleep-mode" in served
+        assert flag(specs["api"].command, "--max-batches-offpolicy") == "0"
+    batch = int(flag(trainer, "--batch-size")) * int(flag(trainer, "--gradient-accumulation-steps"))
+    assert batch == 512 and flag(trainer, "--seq-len") == str(PROMPT_CHARS + 256)
+    env = specs["env"].command
+    assert (flag(env, "--max-tokens"), flag(env, "--ignore-eos")) == ("256", "true")
+
+
+def test_split_sends_weights_over_nccl(tmp_path: Path) -> None:
+    args = gpu_workload.parse_args(["--device", "cuda:0+1", "--out", "x"])
+    assert gpu_workload.inference_table(args, 8101, "split")["weight_transfer"] == "nccl"
+    assert gpu_workload.placement(args, "split") == ([0], [1])
+    assert gpu_workload.placement(args, "sync") == ([0], [0])  # one-GPU parts: the first
+
+
+def test_a_lane_names_one_gpu_or_two_different_ones() -> None:
+    assert gpu_workload.parse_args(["--device", "cuda:3+1", "--out", "x"]).gpus == [3, 1]
+    for bad in ("cuda:1+1", "cuda:0+1+2"):
+        with pytest.raises(SystemExit):
+            gpu_workload.parse_args(["--device", bad, "--out", "x"])
+
+
+def test_two_gpu_report_gives_tokens_per_gpu_and_judges_colocate2_against_split() -> None:
+    args = gpu_workload.parse_args(["--device", "cuda:0+1", "--out", "x"])
+    args.params = 494e6
+    parts = [
+        gpu_workload.Part("split", "split", status="ok", step_times=[10.0, 10.0], gpus=[0, 1]),
+        gpu_workload.Part("colocate2", "c2", status="ok", step_times=[7.0, 7.0], gpus=[0, 1]),
+    ]
+    text = gpu_workload.markdown(args, parts, {"device": "H200"})
+    per_gpu = 512 * 256 / 7.0 / 2
+    assert f"| colocate2 | c2 | 0+1 | ok | 2 | 7.00 | {2 * per_gpu:,.0f} | {per_gpu:,.0f} |" in text
+    assert "colocate2 tok/s per GPU / split tok/s per GPU: 1.43 (goal 1.3) -> met" in text
+    missing = gpu_workload.markdown(args, parts[:1], {"device": "H200"})
+    assert "colocate2 tok/s per GPU / split tok/s per GPU: not measured" in missing
 
 
 def test_prompts_are_128_tokens_and_rewards_differ_in_a_group() -> None:
@@ -80,6 +146,7 @@ def test_report_keeps_what_did_not_run_and_judges_the_targets() -> None:
     ]
     text = gpu_workload.markdown(args, parts, {"device": "H200"})
     assert "| lora | ours | - | not run: out of time | 0 |" in text
+    assert "colocate2" not in text  # no two-GPU part here: no verdict about one
     assert "sync step / floor sum: 1.12 (goal 1.15) -> met" in text
     assert "overlap step / floor max: 1.33 (goal 1.15) -> NOT met" in text
     assert "TRL tok/s: 2.00 (goal 1.3) -> met" in text  # TRL 16 s vs our best 8 s

@@ -40,7 +40,8 @@ def test_target_is_the_first_five_step_mean_to_reach_it(tmp_path: Path) -> None:
     run_dir.mkdir(parents=True)
     lines = [
         {"type": "metrics", "process": "trainer", "step": i + 1, "t": 100.0 + 2 * i,
-         "data": {"reward/mean": r, "step_time": 0.1}}
+         "data": {"reward/mean": r, "step_time": 0.1, "alignment/diff_abs_mean": 0.01 * i}
+         | ({"alignment/diff_abs_mean_lag0": 0.004 + 0.001 * i} if i % 2 else {})}
         for i, r in enumerate(rewards)
     ]  # fmt: skip
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
@@ -51,7 +52,8 @@ def test_target_is_the_first_five_step_mean_to_reach_it(tmp_path: Path) -> None:
     text = quickstart_gpu.markdown(
         [run], {}, quickstart_gpu.argparse.Namespace(gpus=[0], target=0.8)
     )
-    assert "| shared_vllm | 0 | not run | 9 | 0.420 | 0.900 | 8 | 24 |" in text
+    assert "| shared_vllm | 0 | not run | 9 | 0.420 | 0.900 | 8 | 24 | 0.04 / 0.08 |" in text
+    assert "| 0.008 / 0.011 (4) |" in text  # lag-0 at steps 2, 4, 6, 8: .005 .007 .009 .011
 
 
 def test_colocate_gets_a_gpu_of_its_own() -> None:
