@@ -5,7 +5,8 @@ ranks) and ``[inference] data_parallel_size = 2`` (the built-in server's 2 repli
 rank). Every step the replicas sleep, both ranks train, and each replica is loaded from its
 own rank's gathered weights (shared memory standing in for CUDA IPC): the run exits 0, the
 reward rises as in one-process ``colocate`` (``test_e2e_modes.py``), every step reports its
-phases and its pushed weights, and nothing of the run outlives it.
+phases and its pushed weights, on-policy sequences' logprobs match the trainer's, and
+nothing of the run outlives it.
 """
 
 from __future__ import annotations
@@ -75,6 +76,13 @@ def test_colocate_on_two_ranks_and_two_replicas_learns_and_leaves_nothing(
         # each rank's device's time in each phase (the dashboard's "per GPU")
         for phase in ("sleeping", "training", "syncing", "waking", "generating"):
             assert all(data[f"phase/{phase}_s/rank{r}"] >= 0 for r in range(RANKS)), phase
+    # sequences sampled at the weights being trained: their logprobs match the trainer's to
+    # float32 rounding, so every replica holds its rank's weights (no stale or mixed bucket)
+    on_policy = [
+        d["alignment/diff_abs_mean_lag0"] for _, d in records if "alignment/lag0_fraction" in d
+    ]
+    assert on_policy, "no step trained on sequences sampled at its own weights"
+    assert max(on_policy) < 1e-5, on_policy
     served = (run_dir / "logs" / "inference.log").read_text()
     assert "2 replicas" in served
     saved = {p.name for p in (run_dir / "checkpoints").iterdir()}
