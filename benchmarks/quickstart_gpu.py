@@ -231,7 +231,22 @@ def markdown(runs: list[ModeRun], info: dict[str, str], args: argparse.Namespace
             f"{'n/a' if r.target_s is None else f'{r.target_s:.0f}'} | "
             f"{spread(r.alignment)} | {spread(r.alignment_lag0)} ({len(r.alignment_lag0)}) |"
         )
+    lines += [
+        "",
+        f"Reward curves ({WINDOW}-step mean at every {WINDOW}th step, s from the command):",
+    ]
+    lines += ["", *(f"- {r.mode} ({where(r, args)}): {curve(r)}" for r in runs if r.rewards)]
     return "\n".join(lines) + "\n"
+
+
+def curve(run: ModeRun) -> str:
+    """``step: mean (s)`` at every ``WINDOW``-th step: the reward curve in one line."""
+    points = [
+        f"{step}: {statistics.fmean(run.rewards[step - WINDOW : step]):.2f} "
+        f"({run.step_times[step - 1]:.0f} s)"
+        for step in range(WINDOW, len(run.rewards) + 1, WINDOW)
+    ]
+    return ", ".join(points) or "fewer steps than one window"
 
 
 def spread(values: list[float]) -> str:

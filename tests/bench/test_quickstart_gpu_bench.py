@@ -53,7 +53,10 @@ def test_target_is_the_first_five_step_mean_to_reach_it(tmp_path: Path) -> None:
         [run], {}, quickstart_gpu.argparse.Namespace(gpus=[0], target=0.8)
     )
     assert "| shared_vllm | 0 | not run | 9 | 0.420 | 0.900 | 8 | 24 | 0.04 / 0.08 |" in text
-    assert "| 0.008 / 0.011 (4) |" in text  # lag-0 at steps 2, 4, 6, 8: .005 .007 .009 .011
+    assert "| 0.008 / 0.011 (4) |" in text
+    assert (
+        "- shared_vllm (0): 5: 0.42 (18 s)" in text
+    )  # steps 1-5 at t 100..108, began 90  # lag-0 at steps 2, 4, 6, 8: .005 .007 .009 .011
 
 
 def test_colocate_gets_a_gpu_of_its_own() -> None:
