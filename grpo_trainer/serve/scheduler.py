@@ -1,12 +1,12 @@
 """Batching of concurrent generation requests into one decode, as vLLM's scheduler does.
 
-Request threads ``submit`` and wait on a future; one scheduler thread takes every request
-queued at that moment (when it found the queue empty, after waiting for company until
-``window`` seconds pass without a new arrival, at most ``max_wait``) and runs them as one
-batch through ``run_batch``. Requests that arrive while a batch decodes queue for the next
-one, so under load batches fill by themselves. A batch holds requests of one adapter only
-(the active adapter is per-model state) and at most ``max_rows`` sequences; the rest wait,
-in arrival order.
+Requests are ``submit``-ted (from the server's event loop, or a thread while paused) and
+wait on a future; one scheduler thread takes every request queued at that moment (when it
+found the queue empty, after waiting for company until ``window`` seconds pass without a
+new arrival, at most ``max_wait``) and runs them as one batch through ``run_batch``.
+Requests that arrive while a batch decodes queue for the next one, so under load batches
+fill by themselves. A batch holds requests of one adapter only (the active adapter is
+per-model state) and at most ``max_rows`` sequences; the rest wait, in arrival order.
 """
 
 from __future__ import annotations
