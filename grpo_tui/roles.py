@@ -174,7 +174,14 @@ class RoleLayer(RoleOverrides):
         except (KeyError, TypeError, ValueError):  # not a decoder layout we can count
             return []
         trainer = self.trainer_config()
-        need = footprint(self.mode, params, trainer.dtype, trainer.optimizer, inference.backend)
+        need = footprint(
+            self.mode,
+            params,
+            trainer.dtype,
+            trainer.optimizer,
+            inference.backend,
+            shards=self.trainer_ranks,
+        )
         if need is None:
             return []
         message = fit_problem(

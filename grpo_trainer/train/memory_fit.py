@@ -9,6 +9,8 @@ the GPU at that time must fit in the rest, or the run dies of OOM at its first s
 - ``colocate`` on vLLM: vLLM's sleep takes its own weights with it, so the trainer keeps
   its own copy: weights + optimizer state. (Activations and gradients come while vLLM
   sleeps, in the memory it released.)
+- An FSDP2 trainer of N ranks (``colocate`` on N GPUs) keeps float32 master shards and
+  their optimizer state, 1/N of them on each GPU (bf16 is only its compute dtype).
 
 ``grpo-tui check`` runs this when the profile gives ``inference.gpu_memory_gb`` and the
 model's ``config.json`` is on disk; the trainer runs it at start-up on CUDA with the real
@@ -83,14 +85,24 @@ class TrainerFootprint:
     dtype: str
     optimizer: str
     own_weights: bool
+    shards: int = 1
+    """FSDP2 ranks the weights and optimizer state are sharded over (one per GPU)."""
+
+    @property
+    def state_dtype(self) -> str:
+        """The dtype of the kept weights and state: float32 masters when sharded."""
+        return "float32" if self.shards > 1 else self.dtype
 
     @property
     def weight_bytes(self) -> int:
-        return self.params * DTYPE_BYTES[self.dtype] if self.own_weights else 0
+        if not self.own_weights:
+            return 0
+        return math.ceil(self.params * DTYPE_BYTES[self.state_dtype] / self.shards)
 
     @property
     def optimizer_bytes(self) -> int:
-        return int(self.params * DTYPE_BYTES[self.dtype] * OPTIMIZER_STATES[self.optimizer])
+        unit = DTYPE_BYTES[self.state_dtype] * OPTIMIZER_STATES[self.optimizer]
+        return math.ceil(self.params * unit / self.shards)
 
     @property
     def total(self) -> int:
@@ -98,22 +110,25 @@ class TrainerFootprint:
 
     def describe(self) -> str:
         """``1.54e9 params x (2 B weights + 4 B adamw state) = 9.3 GB``."""
-        unit = DTYPE_BYTES[self.dtype]
+        unit = DTYPE_BYTES[self.state_dtype]
         state = unit * OPTIMIZER_STATES[self.optimizer]
         weights = f"{unit} B weights + " if self.own_weights else ""
+        sharded = f" / {self.shards} ranks (float32 masters)" if self.shards > 1 else ""
         return (
-            f"{self.params:.3g} params x ({weights}{state:g} B {self.optimizer} state) "
-            f"= {self.total / GB:.1f} GB"
+            f"{self.params:.3g} params x ({weights}{state:g} B {self.optimizer} state)"
+            f"{sharded} = {self.total / GB:.1f} GB"
         )
 
 
 def footprint(
-    mode: str, params: int, dtype: str, optimizer: str, backend: str
+    mode: str, params: int, dtype: str, optimizer: str, backend: str, *, shards: int = 1
 ) -> TrainerFootprint | None:
-    """The footprint in ``mode``, or None where the trainer does not share vLLM's GPU."""
+    """The footprint in ``mode`` per GPU (``shards`` FSDP2 ranks), or None where the
+    trainer does not share vLLM's GPU."""
     if backend != "vllm" or mode not in ("shared_vllm", "colocate"):
         return None
-    return TrainerFootprint(params, dtype, optimizer, own_weights=mode == "colocate")
+    own = mode == "colocate" or shards > 1  # ranks keep their own master shards
+    return TrainerFootprint(params, dtype, optimizer, own_weights=own, shards=shards)
 
 
 def fit_problem(need: TrainerFootprint, *, total_gb: float, utilization: float) -> str | None:

@@ -69,6 +69,26 @@ def test_fit_arithmetic_and_message_name_the_numbers() -> None:
     assert startup_problem(own, free_bytes=13 * 10**9, total_bytes=80 * 10**9) is None
 
 
+def test_fsdp2_ranks_keep_float32_master_shards_per_gpu() -> None:
+    """N ranks on N GPUs keep float32 masters and their AdamW state, 1/N on each GPU: the
+    3B shape in colocate needs 12 B / 2 = 6 B per parameter per GPU, not bf16's 6 B whole."""
+    params = param_count(QWEN25_3B)
+    one = footprint("colocate", params, "bfloat16", "adamw", "vllm")
+    two = footprint("colocate", params, "bfloat16", "adamw", "vllm", shards=2)
+    assert one is not None and two is not None
+    assert two.weight_bytes == params * 4 // 2 and two.optimizer_bytes == params * 8 // 2
+    assert two.total == one.total  # 12 B / 2 ranks = 6 B, as 2 + 4 B on one GPU
+    eight = footprint("colocate", params, "bfloat16", "adamw", "vllm", shards=8)
+    assert eight is not None and eight.total * 8 == params * 12
+    message = fit_problem(eight, total_gb=80, utilization=0.9)
+    assert message is None  # 4.6 GB per GPU fits in the 8 GB left
+    refused = fit_problem(two, total_gb=80, utilization=0.9)
+    assert refused is not None and "/ 2 ranks (float32 masters) = 18.5 GB on the GPU" in refused
+    # a sharded shared_vllm trainer owns its master shards (no views of vLLM's weights)
+    shared = footprint("shared_vllm", params, "bfloat16", "adamw", "vllm", shards=2)
+    assert shared is not None and shared.own_weights and shared.total == two.total
+
+
 def test_check_refuses_a_model_that_cannot_fit_beside_vllm(tmp_path: Path) -> None:
     model = tmp_path / "qwen25-3b"
     model.mkdir()
