@@ -28,6 +28,7 @@ from pydantic import BaseModel, ConfigDict
 
 from grpo_trainer.models import DTYPES
 from grpo_trainer.serve.cuda_ipc import STORAGE_DEVICE_ARG
+from grpo_trainer.serve.shared import TensorEntry
 
 RPC_LOAD = "grpo_load_bucket"
 RPC_CHECK = "grpo_check_parameter"
@@ -35,16 +36,6 @@ RPC_CHECK = "grpo_check_parameter"
 
 class BucketError(ValueError):
     """A bucket call this replica cannot serve (no payload for its device, bad layout)."""
-
-
-class BucketEntry(BaseModel):
-    """One parameter in the flat tensor: its (HF) name, shape and element offset."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: str
-    shape: list[int]
-    offset: int
 
 
 class BucketPayload(BaseModel):
@@ -56,7 +47,8 @@ class BucketPayload(BaseModel):
     handle: str
     dtype: str
     numel: int
-    entries: list[BucketEntry]
+    entries: list[TensorEntry]
+    """The parameters back to back, as in a shared-weights manifest (element offsets)."""
 
 
 def encode_payloads(payloads: dict[str, BucketPayload]) -> str:
@@ -94,10 +86,10 @@ def open_bucket(payload: BucketPayload, device: torch.device) -> list[tuple[str,
         raise BucketError(f"bucket holds {flat.numel()} elements, the payload says {payload.numel}")
     views = []
     for entry in payload.entries:
-        size = math.prod(entry.shape)
-        if entry.offset + size > payload.numel:
-            raise BucketError(f"{entry.name} runs past the end of its bucket")
-        views.append((entry.name, flat[entry.offset : entry.offset + size].view(entry.shape)))
+        end = entry.offset + entry.numel
+        if end > payload.numel or entry.numel != math.prod(entry.shape):
+            raise BucketError(f"{entry.name} does not fit its bucket or its shape")
+        views.append((entry.name, flat[entry.offset : end].view(entry.shape)))
     return views
 
 

@@ -28,7 +28,8 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import reduce_tensor
 
-from grpo_trainer.serve.buckets import BucketEntry, BucketPayload
+from grpo_trainer.serve.buckets import BucketPayload
+from grpo_trainer.serve.shared import TensorEntry
 from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.sharded import full_parameters
 
@@ -148,7 +149,9 @@ def gathered_buckets(
             if gathered != name:
                 raise SyncError(f"gathered {gathered} where the bucket plan has {name}")
             flat[offset : offset + whole.numel()].copy_(whole.reshape(-1))
-            entries.append(BucketEntry(name=name, shape=shapes[name], offset=offset))
+            entries.append(
+                TensorEntry(name=name, shape=shapes[name], offset=offset, numel=whole.numel())
+            )
             offset += whole.numel()
             del whole
         kind, handle = transport.share(flat)

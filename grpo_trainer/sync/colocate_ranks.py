@@ -182,7 +182,6 @@ def _values(flat: torch.Tensor, payload: BucketPayload, name: str) -> list[float
     """``name``'s values as float32 numbers when this bucket holds it, else ``[]``."""
     for entry in payload.entries:
         if entry.name == name:
-            numel = torch.Size(entry.shape).numel()
-            part = flat[entry.offset : entry.offset + numel]
+            part = flat[entry.offset : entry.offset + entry.numel]
             return part.detach().float().cpu().tolist()
     return []

@@ -98,7 +98,7 @@ def test_a_load_without_every_replicas_bucket_changes_no_replica(
     bucket = tmp_path / "bucket.bin"  # replica 0's bucket: real, with other values
     flat = torch.from_file(str(bucket), shared=True, size=original.numel(), dtype=torch.float32)
     flat.fill_(0.25)
-    entry = {"name": name, "shape": list(original.shape), "offset": 0}
+    entry = {"name": name, "shape": list(original.shape), "offset": 0, "numel": original.numel()}
     payload = {"transport": "shm", "handle": str(bucket), "dtype": "float32"}
     only_0 = {"cpu:0": {**payload, "numel": original.numel(), "entries": [entry]}}
     with httpx.Client(base_url=replicated.base_url, timeout=60) as http:
