@@ -79,7 +79,7 @@ def test_colocate_cell_pins_both_roles_to_one_gpu_and_sleeps(tmp_path: Path) -> 
 
 
 def test_colocate_layout_puts_a_rank_and_a_vllm_replica_on_each_gpu(tmp_path: Path) -> None:
-    """benchmarks/colocate_ranks_device.sh's colocate stage: 2 ranks, 2 replicas, GPUs 0-1."""
+    """``--layout colocate``: 2 ranks and 2 vLLM replicas, one of each on GPUs 0 and 1."""
     args = ("--backends", "vllm", "--modes", "colocate", "--layout", "colocate")
     done = gpu_modes(tmp_path / "out", "--dry-run", "--quick", *args, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
