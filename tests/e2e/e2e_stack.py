@@ -138,6 +138,18 @@ def ready_count(run_dir: Path, process: str) -> int:
     )
 
 
+def spawned_run_id(run: HeadlessCli, tmp_path: Path, deadline_s: float = 120) -> str:
+    """The run id of ``run`` (started in ``tmp_path``), read once its trainer is spawned."""
+
+    def trainer_pid() -> int | None:
+        run.check_alive()
+        run_dir = only_run_dir(tmp_path)
+        found = pids(run_dir, "trainer") if run_dir else []
+        return found[0] if found else None
+
+    return run_id_of(wait_until(trainer_pid, deadline_s, "the trainer to be spawned"))
+
+
 def run_id_of(pid: int) -> str:
     """The ``GRPO_TUI_RUN_ID`` tag in a running child's environment."""
     return psutil.Process(pid).environ()[RUN_ID_VAR]

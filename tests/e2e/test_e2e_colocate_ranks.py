@@ -11,7 +11,6 @@ nothing of the run outlives it.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,24 +18,14 @@ from e2e_stack import (
     HeadlessCli,
     mean,
     only_run_dir,
-    pids,
-    run_id_of,
+    spawned_run_id,
     tagged,
     trainer_steps,
-    wait_until,
 )
 from e2e_stack import quickstart_copy as make_profile
 from test_e2e_modes import MARGIN, STEPS, WINDOW
 
 RANKS = 2
-
-
-@pytest.fixture
-def cli() -> Iterator[list[HeadlessCli]]:
-    runs: list[HeadlessCli] = []
-    yield runs
-    for run in runs:
-        run.stop()
 
 
 @pytest.mark.e2e
@@ -53,13 +42,7 @@ def test_colocate_on_two_ranks_and_two_replicas_learns_and_leaves_nothing(
     run = HeadlessCli(profile, "colocate", tmp_path / "console.log")
     cli.append(run)
 
-    def trainer_pid() -> int | None:
-        run.check_alive()
-        run_dir = only_run_dir(tmp_path)
-        found = pids(run_dir, "trainer") if run_dir else []
-        return found[0] if found else None
-
-    run_id = run_id_of(wait_until(trainer_pid, 120, "the trainer to be spawned"))
+    run_id = spawned_run_id(run, tmp_path)
     assert run.wait(timeout=540) == 0, run.text()[-4000:]
     run_dir = only_run_dir(tmp_path)
     assert run_dir is not None

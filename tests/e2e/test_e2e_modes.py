@@ -9,7 +9,6 @@ sync, so they sync every ``RESTART_SYNC_EVERY`` steps to keep the test short.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,11 +16,9 @@ from e2e_stack import (
     HeadlessCli,
     mean,
     only_run_dir,
-    pids,
-    run_id_of,
+    spawned_run_id,
     tagged,
     trainer_steps,
-    wait_until,
 )
 from e2e_stack import quickstart_copy as make_profile
 
@@ -43,15 +40,6 @@ MARGIN = 0.03
 PROCESSES = ("model", "api", "inference", "trainer", "env")
 
 
-@pytest.fixture
-def cli(tmp_path: Path) -> Iterator[list[HeadlessCli]]:
-    """Runs started by a test; any still alive at teardown get an ordered shutdown."""
-    runs: list[HeadlessCli] = []
-    yield runs
-    for run in runs:
-        run.stop()
-
-
 def overrides(mode: str) -> dict[str, dict[str, object]]:
     trainer: dict[str, object] = {"training_steps": STEPS[mode], "checkpoint_interval": 10}
     if mode in ("none", "lora_restart"):
@@ -69,13 +57,7 @@ def test_quickstart_mode_learns_and_leaves_nothing(
     run = HeadlessCli(profile, mode, tmp_path / "console.log")
     cli.append(run)
 
-    def trainer_pid() -> int | None:
-        run.check_alive()
-        run_dir = only_run_dir(tmp_path)
-        found = pids(run_dir, "trainer") if run_dir else []
-        return found[0] if found else None
-
-    run_id = run_id_of(wait_until(trainer_pid, 120, "the trainer to be spawned"))
+    run_id = spawned_run_id(run, tmp_path)
     assert run.wait(timeout=360) == 0, run.text()[-4000:]
 
     run_dir = only_run_dir(tmp_path)

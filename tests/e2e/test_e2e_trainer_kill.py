@@ -18,7 +18,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -42,14 +41,6 @@ INTERVAL = 4
 KILL_AFTER = 8
 MODE = "shared_vllm"
 GROUPS_PER_STEP = quickstart_value("trainer", "batch_size") // quickstart_value("env", "group_size")
-
-
-@pytest.fixture
-def cli() -> Iterator[list[HeadlessCli]]:
-    runs: list[HeadlessCli] = []
-    yield runs
-    for run in runs:
-        run.stop()
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
