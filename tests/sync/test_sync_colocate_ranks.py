@@ -22,6 +22,7 @@ import httpx
 import pytest
 import torch
 import torch.multiprocessing as mp
+from gloo_ranks import join
 from sync_helpers import ModeServer, free_port
 
 from grpo_trainer.models import build_tiny_model, load_model, load_tokenizer
@@ -33,7 +34,7 @@ from grpo_trainer.sync.colocate_ranks import ColocateRanksSync
 from grpo_trainer.sync.sharded import full_parameters
 from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.consolidate import Consolidator
-from grpo_trainer.train.distributed import init_distributed, shutdown_distributed
+from grpo_trainer.train.distributed import shutdown_distributed
 from grpo_trainer.train.fsdp import shard_model
 from grpo_trainer.train.loop import SyncLagExceeded, Trainer
 from grpo_trainer.train.reporter import Reporter
@@ -72,12 +73,7 @@ def complete(url: str) -> dict:
 
 
 def _worker(rank: int, port: int, model_path: str, url: str, out: str) -> None:
-    os.environ.update(
-        {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
-        | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    )
-    torch.set_num_threads(1)
-    world = init_distributed("cpu")
+    world = join(rank, port)
     facts: dict[str, object] = {}
     try:
         model = shard_model(load_model(model_path), world, dtype="float32")
@@ -171,12 +167,7 @@ def test_each_replica_loads_its_own_ranks_buckets_and_a_missing_one_fails_every_
 
 
 def _stop_worker(rank: int, port: int, model_path: str, url: str, out: str) -> None:
-    os.environ.update(
-        {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
-        | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    )
-    torch.set_num_threads(1)
-    world = init_distributed("cpu")
+    world = join(rank, port)
     facts: dict[str, object] = {}
     try:
         config = TrainerConfig(

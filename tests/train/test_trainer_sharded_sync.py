@@ -9,13 +9,13 @@ broadcast of rank 0's outcome. The NCCL path itself runs on GPUs in the lead's b
 from __future__ import annotations
 
 import json
-import os
 import socket
 from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
+from gloo_ranks import join
 from torch import nn
 from train_helpers import tiny_model
 
@@ -25,7 +25,7 @@ from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.sharded import ShardedSync
 from grpo_trainer.sync.vllm_shared import VllmSharedSync
 from grpo_trainer.train.consolidate import Consolidator
-from grpo_trainer.train.distributed import init_distributed, shutdown_distributed
+from grpo_trainer.train.distributed import shutdown_distributed
 from grpo_trainer.train.fsdp import shard_model
 
 
@@ -71,12 +71,7 @@ class RecordingSave(WeightSync):
 
 
 def _worker(rank: int, port: int, model_path: str, out: str) -> None:
-    os.environ.update(
-        {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2"}
-        | {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    )
-    torch.set_num_threads(1)
-    world = init_distributed("cpu")
+    world = join(rank, port)
     context = SyncContext("http://127.0.0.1:9", "policy", Path(out), "vllm")
     facts: dict[str, object] = {}
     try:
