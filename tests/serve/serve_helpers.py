@@ -5,6 +5,7 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import httpx
 import torch
 from peft import LoraConfig, get_peft_model
 
@@ -12,6 +13,22 @@ from grpo_trainer.models import load_model
 
 MAX_MODEL_LEN = 64
 MAX_NUM_SEQS = 16
+
+
+def completion(url: str, prompt: str, max_tokens: int, n: int = 1) -> dict:
+    """``POST /v1/completions`` to the served ``policy``: ``n`` choices of exactly
+    ``max_tokens`` tokens with their ids; asserts 200 and returns the JSON body."""
+    body = {
+        "model": "policy",
+        "prompt": prompt,
+        "n": n,
+        "max_tokens": max_tokens,
+        "ignore_eos": True,
+        "return_token_ids": True,
+    }
+    response = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    assert response.status_code == 200, response.text
+    return response.json()
 
 
 def free_port() -> int:

@@ -17,7 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 import torch
-from serve_helpers import MAX_MODEL_LEN, free_port
+from serve_helpers import MAX_MODEL_LEN, completion, free_port
 
 from grpo_trainer.models import load_model
 from grpo_trainer.serve.launch import ServerProcess
@@ -45,19 +45,6 @@ def replicated(
     process.stop()
 
 
-def complete(url: str, prompt: str) -> dict:
-    body = {
-        "model": "policy",
-        "prompt": prompt,
-        "max_tokens": TOKENS,
-        "ignore_eos": True,
-        "return_token_ids": True,
-    }
-    response = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
 def per_engine_tokens(http: httpx.Client) -> dict[str, float]:
     text = http.get("/metrics").text
     pattern = r'vllm:generation_tokens_total\{model_name="policy",engine="(\d)"\} (\S+)'
@@ -72,7 +59,7 @@ def test_requests_during_sleep_are_all_served_by_both_replicas_after_wake_up(
         before = per_engine_tokens(http)
         assert sorted(before) == ["0", "1"]
         assert http.post("/sleep", params={"level": 2}).json()["status"] == "sleeping"
-        futures = [pool.submit(complete, url, f"prompt {i}") for i in range(REQUESTS)]
+        futures = [pool.submit(completion, url, f"prompt {i}", TOKENS) for i in range(REQUESTS)]
         deadline = time.monotonic() + 60
         while http.get("/is_sleeping").json()["waiting"] != REQUESTS:
             assert time.monotonic() < deadline, "not every request reached the server"

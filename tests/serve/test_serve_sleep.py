@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serve_helpers import MAX_MODEL_LEN, free_port
+from serve_helpers import MAX_MODEL_LEN, completion, free_port
 
 from grpo_trainer.serve.launch import ServerProcess
 from grpo_trainer.serve.settings import InferenceSettings, inference_command
@@ -43,17 +43,7 @@ def colocate_server(
 
 
 def complete(url: str, prompt: str, max_tokens: int = TOKENS) -> dict:
-    body = {
-        "model": "policy",
-        "prompt": prompt,
-        "n": 2,
-        "max_tokens": max_tokens,
-        "ignore_eos": True,
-        "return_token_ids": True,
-    }
-    response = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
-    assert response.status_code == 200, response.text
-    return response.json()
+    return completion(url, prompt, max_tokens, n=2)
 
 
 def sleep_status(http: httpx.Client) -> dict:
