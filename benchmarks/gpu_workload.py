@@ -738,11 +738,8 @@ def combine(paths: list[Path]) -> str:
     for path in paths:
         raw = json.loads(path.read_text())
         args = argparse.Namespace(**raw["args"])
-        lane = [Part(**p) for p in raw["parts"]]
-        for part in lane:
-            part.gpu = args.gpu if part.gpu is None else part.gpu
         _, info, parts = sizes.setdefault(args.size, (args, raw["facts"], []))
-        parts += lane
+        parts += [Part(**p) for p in raw["parts"]]  # ``save`` recorded each part's GPU
     texts = []
     for args, info, parts in sizes.values():
         parts.sort(key=lambda p: PARTS.index(p.part))
