@@ -84,7 +84,7 @@ TRAINER_SHUTDOWN = 120.0
 # (2026-11-24). Inference holds nothing to save, so its grace is short.
 INFERENCE_SHUTDOWN = 8.0
 
-ENV_WIRED = {"model_name": "inference.served_model_name"}
+ENV_WIRED = {"model_name": "inference.served_model_name", "prompt_copies": "inference.backend"}
 
 ROLE_OWNED = ("name", "role", "command")
 """Keys a ``[process.<role process>]`` table cannot change: they come from the role."""
@@ -682,7 +682,10 @@ class RoleLayer(RoleOverrides):
         env = self._require(self.envs[index])
         if self.inference is not None:  # the adapter's request name depends on the mode
             env = env.model_copy(
-                update={"model_name": request_model_name(self.inference, self.mode)}
+                update={
+                    "model_name": request_model_name(self.inference, self.mode),
+                    "prompt_copies": self.inference.backend == "sglang",
+                }
             )
         depends = self._model_deps()
         depends.update({r: HEALTHY for r in ("api", "inference", "trainer") if r in self.roles})

@@ -408,6 +408,7 @@ class EnvRunner:
             temperature=self.settings.temperature,
             top_p=self.settings.top_p,
             ignore_eos=self.settings.ignore_eos,
+            copies=self.settings.prompt_copies,
         )
 
     def _take_edits(self) -> None:

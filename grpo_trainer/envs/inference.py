@@ -69,6 +69,9 @@ class SamplingRequest:
     temperature: float
     top_p: float = 1.0
     ignore_eos: bool = False
+    copies: bool = False
+    """Ask for ``n`` copies of the prompt, one sample each, instead of ``n`` samples of one
+    prompt (the same distribution; ``EnvSettings.prompt_copies`` says why)."""
 
 
 async def complete(
@@ -77,8 +80,8 @@ async def complete(
     """Sample ``request.n`` completions of ``prompt_ids``; raises on errors and garbage."""
     body = {
         "model": request.model,
-        "prompt": prompt_ids,
-        "n": request.n,
+        "prompt": [prompt_ids] * request.n if request.copies else prompt_ids,
+        "n": 1 if request.copies else request.n,
         "max_tokens": request.max_tokens,
         "temperature": request.temperature,
         "top_p": request.top_p,

@@ -43,6 +43,12 @@ class EnvSettings(BaseModel):
     weight: float = Field(1.0, gt=0, description="share of each batch relative to other envs")
     min_batch_allocation: float | None = Field(None, ge=0, le=1)
     max_groups: int = Field(0, ge=0, description="stop after sending N groups; 0 = run on")
+    prompt_copies: bool = Field(
+        False,
+        description="ask for a group as group_size copies of the prompt, n=1 each, instead "
+        "of n=group_size (set for SGLang, whose adapter unload waits forever once an n > 1 "
+        "request used the adapter)",
+    )
 
     @field_validator("task")
     @classmethod
@@ -109,6 +115,8 @@ class EnvSettings(BaseModel):
             argv += ["--max-tokens", str(self.max_tokens)]
         if self.ignore_eos:
             argv += ["--ignore-eos", "true"]
+        if self.prompt_copies:
+            argv += ["--prompt-copies", "true"]
         if self.data_file is not None:
             argv += ["--data-file", str(self.data_file)]
         if api_token:

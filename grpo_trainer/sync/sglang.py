@@ -8,8 +8,8 @@ since SGLang has no in-place reload; see :func:`replace_adapter` for why there i
 pause around them. SGLang answers ``{"success": false, "message": ...}`` (HTTP 400, or
 200 in older releases) on failures, so the flag is checked, not just the status.
 
-Untested on a GPU so far (SGLang cannot run on this project's CPU CI): the request and
-answer shapes and the adapter bookkeeping were read from the SGLang 0.5.17 wheel's
+Run on an H200 with SGLang 0.5.17 (benchmarks/results/sglang_modes.md); SGLang cannot run
+on this project's CPU CI, so CI checks the request and answer shapes, read from the wheel's
 sources (``entrypoints/http_server.py``, ``managers/io_struct.py``,
 ``managers/tokenizer_control_mixin.py``, ``lora/lora_registry.py``).
 """
@@ -57,15 +57,19 @@ def point_current(adapter: Path) -> Path:
 def replace_adapter(client: InferenceClient, name: str, adapter: Path) -> None:
     """Serve ``adapter`` as ``name``, in place of any adapter of that name.
 
-    SGLang 0.5.17's unload waits until no request holds the adapter, and a request holds
-    it until it finishes, paused or not: with generation paused (``/pause_generation``,
-    any mode but ``abort``) the unload would wait forever. So no pause: the unload waits
-    for the running requests. A request that arrives meanwhile finds the name gone and
-    SGLang reloads the adapter itself from the path it was loaded from, before our load
-    gets its turn. That path is :data:`CURRENT_ADAPTER`, already pointing at the new
-    adapter, so whichever load comes first serves the new weights, and ours answering
-    "already loaded" is that case. The unload is refused when no adapter of that name is
-    loaded yet (the first load, a restarted server): expected and ignored.
+    SGLang 0.5.17's unload waits until no request holds the adapter, and a request holds it
+    until it finishes, paused or not: with generation paused (``/pause_generation``, any
+    mode but ``abort``) the unload would wait forever. So no pause: the unload waits for the
+    running requests. It also waits forever once a request with ``n > 1`` used the adapter
+    (seen on an H200, 2026-11-26): such a request counts n uses and releases n + 1 (its
+    prefix-caching request too), so the count never returns to zero; environments therefore
+    ask SGLang for n copies of the prompt (``EnvSettings.prompt_copies``). A request that
+    arrives meanwhile finds the name gone and SGLang reloads the adapter itself from the
+    path it was loaded from, before our load gets its turn. That path is
+    :data:`CURRENT_ADAPTER`, already pointing at the new adapter, so whichever load comes
+    first serves the new weights, and ours answering "already loaded" is that case. The
+    unload is refused when no adapter of that name is loaded yet (the first load, a
+    restarted server): expected and ignored.
     """
     path = str(point_current(adapter))
     with contextlib.suppress(SyncError):

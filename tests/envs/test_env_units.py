@@ -9,13 +9,20 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 from grpo_trainer.envs.base import Connection, EnvRunner
 from grpo_trainer.envs.cli import parse
 from grpo_trainer.envs.evaluation import pass_and_mean_at_k
 from grpo_trainer.envs.groups import build_group
-from grpo_trainer.envs.inference import BadCompletion, Sample, parse_samples
+from grpo_trainer.envs.inference import (
+    BadCompletion,
+    Sample,
+    SamplingRequest,
+    complete,
+    parse_samples,
+)
 from grpo_trainer.envs.settings import EnvSettings
 from grpo_trainer.envs.task import Prompt
 from grpo_trainer.envs.tokenizer import FastTokenizer
@@ -96,7 +103,7 @@ def test_settings_command_round_trips_through_the_cli(tmp_path: Path) -> None:
         name="math",
         task="gsm8k", group_size=4, seed=9, max_tokens=300, temperature=0.8, eval_every=5,
         eval_k=4, data_file=data, weight=2.0, min_batch_allocation=0.25, max_concurrency=3,
-        ignore_eos=True,
+        ignore_eos=True, prompt_copies=True,
     )  # fmt: skip
     argv = settings.command(
         api_url="http://127.0.0.1:8000", inference_url="http://127.0.0.1:9001",
@@ -199,3 +206,21 @@ async def test_a_temperature_edit_reaches_the_next_group(
     assert runner.settings.temperature == 0.7
     await runner.api.aclose()
     await runner.inference.aclose()
+
+
+@pytest.mark.parametrize("copies", [False, True])
+async def test_a_group_is_sampled_as_n_or_as_n_prompt_copies(inference: str, copies: bool) -> None:
+    """``prompt_copies`` (SGLang's adapter unload hangs after n > 1 requests) asks a real
+    server for the group as n copies of the prompt, one sample each: the same n samples."""
+    sent: list[dict] = []
+
+    async def record(request: httpx.Request) -> None:
+        sent.append(json.loads(request.content))
+
+    request = SamplingRequest(model="policy", n=4, max_tokens=5, temperature=1.0, copies=copies)
+    async with httpx.AsyncClient(base_url=inference, event_hooks={"request": [record]}) as client:
+        samples = await complete(client, [5, 6, 7], request)
+    assert len(samples) == 4 and all(s.token_ids and len(s.logprobs) == len(s.token_ids)
+                                     for s in samples)  # fmt: skip
+    expected = ([[5, 6, 7]] * 4, 1) if copies else ([5, 6, 7], 4)
+    assert [(body["prompt"], body["n"]) for body in sent] == [expected]

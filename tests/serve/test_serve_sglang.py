@@ -102,6 +102,17 @@ def test_check_prints_the_sglang_plan_and_the_env_asks_for_the_adapter(tmp_path:
     assert out.returncode == 0, out.stderr
     assert "-m sglang.launch_server --model-path" in out.stdout
     assert "--model-name policy-base:policy" in out.stdout
+    # SGLang 0.5.17 releases an n > 1 request's adapter once more than it acquired it, so
+    # its unload waits forever: environments ask it for prompt copies instead.
+    assert "--prompt-copies true" in out.stdout
+    vllm = profile.read_text().replace('"sglang"', '"vllm"')
+    profile.write_text(vllm.replace('task = "toy"', 'task = "toy"\nprompt_copies = true'))
+    out = subprocess.run(
+        [sys.executable, "-m", "grpo_tui", "check", str(profile)],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert "env[0].prompt_copies" in out.stderr and "inference.backend" in out.stderr
 
 
 # SGLang's CompletionResponse for prompt=[ids], n=2, logprobs=0, return_token_ids=true
