@@ -225,6 +225,18 @@ def sglang_cli() -> list[str]:
     return ["env", f"PYTHONPATH={extra}:{os.environ.get('PYTHONPATH', '')}", *cli]
 
 
+def sglang_settings(mode: str) -> dict[str, Any]:
+    """``[inference]`` keys every SGLang cell of ours sets, whatever the recipe."""
+    return {
+        "enforce_eager": True,  # --disable-cuda-graph: seconds, not a minute, per start
+        "sglang_executable": sglang_cli(),
+        # Triton kernels and torch sampling: nothing for flashinfer to JIT-compile on a
+        # machine without the CUDA toolkit or network.
+        "extra_args": ["--attention-backend", "triton", "--sampling-backend", "pytorch"]
+        + (["--lora-backend", "triton"] if mode in LORA_MODES else []),
+    }
+
+
 def vllm_cli() -> list[str]:
     """vLLM's CLI through the running interpreter (its wheels may sit on PYTHONPATH only)."""
     return [sys.executable, "-m", "vllm.entrypoints.cli.main"]
@@ -262,13 +274,8 @@ def profile_for(
         }
     elif cell.backend == "sglang":
         inference |= {
-            "enforce_eager": True,  # --disable-cuda-graph: seconds, not a minute, per start
             "gpu_memory_utilization": args.gpu_memory_utilization,
-            "sglang_executable": sglang_cli(),
-            # Triton kernels and torch sampling: nothing for flashinfer to JIT-compile on a
-            # machine without the CUDA toolkit or network.
-            "extra_args": ["--attention-backend", "triton", "--sampling-backend", "pytorch"]
-            + (["--lora-backend", "triton"] if cell.mode in LORA_MODES else []),
+            **sglang_settings(cell.mode),
         }
     else:
         inference["device"] = cell.device

@@ -40,8 +40,10 @@ from typing import Any
 
 import psutil
 import tomli_w
-from gpu_modes import _lines, facts, free_ports, run_id_of, sweep, tail, vllm_cli
+from gpu_modes import _lines, facts, free_ports, run_id_of, sglang_settings, sweep, tail, vllm_cli
 from gpu_workload import stop_group
+
+from grpo_trainer.serve.settings import SGLANG_REFUSED
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "profiles" / "quickstart-gpu.toml"
@@ -65,6 +67,10 @@ class ModeRun:
     alignment_lag0: list[float] = field(default_factory=list)
     """Per step that has them: the same over sequences sampled at the weights being trained
     (the weight sync's error alone; ~5e-3 in bf16)."""
+    sync_times: list[float] = field(default_factory=list)
+    """The trainer's ``sync_time`` at each sync (restart modes: the restart it waited for)."""
+    inference_tok_s: list[float] = field(default_factory=list)
+    """The server's generated tokens/s (``inference/tokens_per_s``), sampled while training."""
     target_step: int | None = None
     target_s: float | None = None
     wall_s: float = 0.0
@@ -87,11 +93,18 @@ def place(modes: list[str], gpus: list[int], colocate_ranks: int = 1) -> list[Mo
 
 
 def profile_copy(
-    mode: str, gpus: list[int], ports: list[int], out: Path, *, cpu: bool = False
+    mode: str,
+    gpus: list[int],
+    ports: list[int],
+    out: Path,
+    *,
+    cpu: bool = False,
+    backend: str = "vllm",
 ) -> dict[str, Any]:
     """The quickstart-gpu profile with only what running modes side by side needs changed:
     several ``gpus`` put one trainer rank and one vLLM replica on each (``colocate``);
-    ``cpu`` swaps vLLM and CUDA for the built-in server on CPU (float32), ranks as replicas."""
+    ``cpu`` swaps vLLM and CUDA for the built-in server on CPU (float32), ranks as replicas;
+    ``backend = "sglang"`` swaps vLLM for SGLang (its flags in place of vLLM's)."""
     body = tomllib.loads(PROFILE.read_text())
     body["run"] |= {"mode": mode, "name": f"quickstart-gpu-{mode}", "output_dir": str(out)}
     body["api"]["port"], body["inference"]["port"] = ports
@@ -107,7 +120,10 @@ def profile_copy(
             trainer["ranks"] = replicas
     else:
         inference["gpus"] = trainer["gpus"] = list(gpus)
-        if shutil.which("vllm") is None:
+        if backend == "sglang":
+            inference.pop("weight_transfer")  # shared_vllm's, a mode SGLang refuses
+            inference |= {"backend": "sglang", **sglang_settings(mode)}
+        elif shutil.which("vllm") is None:
             inference["vllm_executable"] = vllm_cli()
     if replicas > 1:
         inference["data_parallel_size"] = replicas
@@ -119,13 +135,14 @@ def rolling(rewards: list[float]) -> list[float]:
     return [statistics.fmean(rewards[i - WINDOW : i]) for i in range(WINDOW, len(rewards) + 1)]
 
 
-def watch(run: ModeRun, work: Path, deadline: float, target: float, cpu: bool = False) -> None:
-    """Run one mode until it reaches ``target``, its trainer ends, or ``deadline``."""
+def watch(run: ModeRun, work: Path, deadline: float, args: argparse.Namespace) -> None:
+    """Run one mode until it reaches ``args.target``, its trainer ends, or ``deadline``."""
+    target, cpu = args.target, args.cpu
     cell = work / run.mode
     cell.mkdir(parents=True, exist_ok=True)
-    ports = free_ports(2, first=24000 + 10 * MODES.index(run.mode))
+    ports = free_ports(2, first=port_base(args.backend) + 10 * MODES.index(run.mode))
     profile = cell / "profile.toml"
-    body = profile_copy(run.mode, run.gpus, ports, cell / "runs", cpu=cpu)
+    body = profile_copy(run.mode, run.gpus, ports, cell / "runs", cpu=cpu, backend=args.backend)
     profile.write_text(tomli_w.dumps(body))
     began = time.time()
     with (cell / "supervisor.jsonl").open("wb") as out, (cell / "supervisor.err").open("wb") as err:
@@ -160,6 +177,11 @@ def watch(run: ModeRun, work: Path, deadline: float, target: float, cpu: bool = 
         )[-2000:]
 
 
+def port_base(backend: str) -> int:
+    """First port tried per backend: one call may run both backends side by side."""
+    return {"vllm": 24000, "sglang": 25000}[backend]
+
+
 def read(run: ModeRun, cell: Path, began: float, target: float) -> None:
     """Rewards so far, and the first step whose ``WINDOW``-step mean reached ``target``."""
     runs = sorted((cell / "runs").glob("*/"))
@@ -175,6 +197,15 @@ def read(run: ModeRun, cell: Path, began: float, target: float) -> None:
     )
     run.rewards = [float(r["data"]["reward/mean"]) for r in records]
     data = [r["data"] for r in records]
+    run.sync_times = [float(d["sync_time"]) for d in data if "sync_time" in d]
+    if records:
+        run.inference_tok_s = [
+            float(r["data"]["inference/tokens_per_s"])
+            for r in _lines(runs[-1] / "metrics.jsonl")
+            if r.get("process") == "supervisor"
+            and "inference/tokens_per_s" in r.get("data", {})
+            and records[0]["t"] <= r["t"] <= records[-1]["t"]
+        ]
     run.alignment = [
         float(d["alignment/diff_abs_mean"]) for d in data if "alignment/diff_abs_mean" in d
     ]
@@ -194,10 +225,12 @@ def read(run: ModeRun, cell: Path, began: float, target: float) -> None:
 def markdown(runs: list[ModeRun], info: dict[str, str], args: argparse.Namespace) -> str:
     """The per-mode table."""
     lines = [
-        "# profiles/quickstart-gpu.toml in every mode (benchmarks/quickstart_gpu.py)",
+        f"# profiles/quickstart-gpu.toml in every mode, {engine(args)} "
+        "(benchmarks/quickstart_gpu.py)",
         "",
         f"- date {info.get('date')}; {info.get('device')}; torch {info.get('torch')}, vLLM "
-        f"{info.get('vllm')}, transformers {info.get('transformers')}",
+        f"{info.get('vllm')}, SGLang {info.get('sglang')}, transformers "
+        f"{info.get('transformers')}",
         (
             "- on CPU (`--cpu`): the built-in server in float32, `colocate` on gloo ranks and "
             "built-in replicas; otherwise the profile as shipped (a check, no GPU figures)"
@@ -213,11 +246,14 @@ def markdown(runs: list[ModeRun], info: dict[str, str], args: argparse.Namespace
         "server logprob of the sampled tokens, off-policy drift included); lag-0: the same "
         "over sequences sampled at the weights being trained (the sync's error alone: ~5e-3 "
         "in bf16, ~1e-7 in float32), over the steps that had some",
+        "- sync: the trainer's `sync_time` per sync, median / max (count; restart modes: the "
+        "restart it waited for); server tok/s: generated tokens/s from the server's own "
+        "counter, mean / max over the training steps",
         "",
         f"| mode | GPU | status | steps | reward, first {WINDOW} | best {WINDOW}-step mean "
-        f"| step reaching {args.target} | seconds to {args.target} | Δlogp median / max "
-        "| lag-0 Δlogp median / max (steps) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        f"| step reaching {args.target} | seconds to {args.target} | sync s median / max (n) "
+        "| server tok/s mean / max | Δlogp median / max | lag-0 Δlogp median / max (steps) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in runs:
         windows = rolling(r.rewards)
@@ -229,6 +265,7 @@ def markdown(runs: list[ModeRun], info: dict[str, str], args: argparse.Namespace
             f"{first} | "
             f"{best} | {r.target_step or 'n/a'} | "
             f"{'n/a' if r.target_s is None else f'{r.target_s:.0f}'} | "
+            f"{spread(r.sync_times)} ({len(r.sync_times)}) | {rate(r.inference_tok_s)} | "
             f"{spread(r.alignment)} | {spread(r.alignment_lag0)} ({len(r.alignment_lag0)}) |"
         )
     lines += [
@@ -247,6 +284,20 @@ def curve(run: ModeRun) -> str:
         for step in range(WINDOW, len(run.rewards) + 1, WINDOW)
     ]
     return ", ".join(points) or "fewer steps than one window"
+
+
+def engine(args: argparse.Namespace) -> str:
+    """The inference engine the runs used, as the title says it."""
+    if getattr(args, "cpu", False):
+        return "built-in server on CPU"
+    return {"vllm": "vLLM", "sglang": "SGLang"}[getattr(args, "backend", "vllm")]
+
+
+def rate(values: list[float]) -> str:
+    """``mean / max`` tokens/s, or n/a."""
+    if not values:
+        return "n/a"
+    return f"{statistics.fmean(values):,.0f} / {max(values):,.0f}"
 
 
 def spread(values: list[float]) -> str:
@@ -276,11 +327,20 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="colocate on the last N of --gpus: N trainer ranks, vLLM data_parallel_size N",
     )
+    parser.add_argument(
+        "--backend",
+        choices=["vllm", "sglang"],
+        default="vllm",
+        help="the inference engine (sglang: the modes it runs, see SGLANG_REFUSED)",
+    )
     parser.add_argument("--cpu", action="store_true", help="built-in server on CPU, float32")
     parser.add_argument("--dry-run", action="store_true", help="write the copies, check them")
     args = parser.parse_args(argv)
     if args.cpu:  # CPU "GPUs" are rank slots: only how many a run has counts
         args.gpus = list(range(max(args.colocate_ranks, 1)))
+    refused = [m for m in args.modes if args.backend == "sglang" and m in SGLANG_REFUSED]
+    if refused or (args.cpu and args.backend != "vllm"):
+        parser.error(f"--backend {args.backend} cannot run {refused or '--cpu'}")
     if len(args.gpus) < args.colocate_ranks:
         parser.error(f"--colocate-ranks {args.colocate_ranks} needs as many --gpus")
     out = args.out.resolve()
@@ -291,8 +351,8 @@ def main(argv: list[str] | None = None) -> int:
         failures = 0
         for run in runs:
             path = work / f"{run.mode}.toml"
-            ports = free_ports(2, first=24000 + 10 * MODES.index(run.mode))
-            body = profile_copy(run.mode, run.gpus, ports, work, cpu=args.cpu)
+            ports = free_ports(2, first=port_base(args.backend) + 10 * MODES.index(run.mode))
+            body = profile_copy(run.mode, run.gpus, ports, work, cpu=args.cpu, backend=args.backend)
             path.write_text(tomli_w.dumps(body))
             done = subprocess.run(
                 [sys.executable, "-m", "grpo_tui", "check", str(path)],
@@ -307,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     alone = [r for r in runs if r.mode == "colocate" and len(args.gpus) == args.colocate_ranks]
     for batch in ([r for r in runs if r not in alone], alone):  # colocate sleeps alone
         with ThreadPoolExecutor(max_workers=max(1, len(batch))) as pool:
-            list(pool.map(lambda r: watch(r, work, deadline, args.target, args.cpu), batch))
+            list(pool.map(lambda r: watch(r, work, deadline, args), batch))
     info = facts(args)
     text = markdown(runs, info, args)
     (out / "quickstart_gpu.md").write_text(text)

@@ -16,6 +16,9 @@
 # its own CUDA libraries); SGLang's transformers 5.12.1 and tokenizers go to /tmp/sgtf, on
 # the SGLang server's PYTHONPATH only (SGLANG_PATH, read by gpu_modes.py): with the image's
 # transformers 5.17, SGLang 0.5.17 fails at import (it registers `qwen3_asr` again).
+# SGLANG_BENCH=quickstart runs benchmarks/quickstart_gpu.py --backend sglang instead (the
+# quickstart-gpu recipe in none, lora_only and lora_restart at once on GPU SGLANG_GPU):
+# quickstart_gpu.md, quickstart_gpu.json, quickstart_runs.tar.gz.
 # Output ($OUT): gpu_modes.md (table: sync latency median/max, inference and trainer tok/s,
 # reward first vs last steps, per mode), gpu_modes.json, gpu_diagnostics.md, gpu_runs.tar.gz,
 # sglang_device.log. Copy gpu_modes.md to benchmarks/results/sglang_modes.md.
@@ -26,6 +29,7 @@ exec > >(tee "$OUT/sglang_device.log") 2>&1
 TOTAL=${GPU_MODES_TOTAL:-530}
 WORK=/tmp/sglang_work
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export CUDA_DEVICE_ORDER=PCI_BUS_ID  # GPU indices as nvidia-smi and our profiles number them
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DO_NOT_TRACK=1 SGLANG_DISABLE_REQUEST_LOGGING=1
 
 if ! ls /root/sg/part-* >/dev/null 2>&1; then
@@ -80,11 +84,24 @@ print('sglang server side: transformers', transformers.__version__)" \
 
 rm -rf "$WORK"
 budget=$((TOTAL - SECONDS - 40))
-echo "sglang_device: gpu_modes.py ${backends[*]} budget ${budget}s"
-timeout -k 10 $((budget + 30)) python3 benchmarks/gpu_modes.py --out "$OUT" --work "$WORK" \
-  --budget "$budget" --backends "${backends[@]}" --modes none lora_only lora_restart \
-  --orphan-backend sglang "$@"
-status=$?
-echo "sglang_device: gpu_modes.py exit $status after ${SECONDS}s"
+if [ "${SGLANG_BENCH:-modes}" = quickstart ]; then
+  # profiles/quickstart-gpu.toml's recipe on SGLang, every mode it runs at once on GPU
+  # ${SGLANG_GPU:-0}: reward per step, seconds to 0.8, sync latency, server tokens/s.
+  echo "sglang_device: quickstart_gpu.py --backend sglang budget ${budget}s"
+  timeout -k 10 $((budget + 30)) python3 benchmarks/quickstart_gpu.py --out "$OUT" \
+    --backend sglang --modes none lora_only lora_restart --gpus "${SGLANG_GPU:-0}" \
+    --budget "$budget" "$@"
+  status=$?
+  rm -rf "$OUT/work-quickstart"/*/runs/*/checkpoints "$OUT/work-quickstart"/*/runs/*/model
+  tar czf "$OUT/quickstart_runs.tar.gz" -C "$OUT" --exclude='*.safetensors' \
+    --exclude='rollouts.db*' work-quickstart && rm -rf "$OUT/work-quickstart"
+else
+  echo "sglang_device: gpu_modes.py ${backends[*]} budget ${budget}s"
+  timeout -k 10 $((budget + 30)) python3 benchmarks/gpu_modes.py --out "$OUT" --work "$WORK" \
+    --budget "$budget" --backends "${backends[@]}" --modes none lora_only lora_restart \
+    --orphan-backend sglang "$@"
+  status=$?
+fi
+echo "sglang_device: benchmark exit $status after ${SECONDS}s"
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
 exit $status

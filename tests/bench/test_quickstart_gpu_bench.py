@@ -41,9 +41,14 @@ def test_target_is_the_first_five_step_mean_to_reach_it(tmp_path: Path) -> None:
     lines = [
         {"type": "metrics", "process": "trainer", "step": i + 1, "t": 100.0 + 2 * i,
          "data": {"reward/mean": r, "step_time": 0.1, "alignment/diff_abs_mean": 0.01 * i}
-         | ({"alignment/diff_abs_mean_lag0": 0.004 + 0.001 * i} if i % 2 else {})}
+         | ({"alignment/diff_abs_mean_lag0": 0.004 + 0.001 * i} if i % 2 else {})
+         | ({"sync_time": 0.1 * i} if i % 4 == 3 else {})}
         for i, r in enumerate(rewards)
-    ]  # fmt: skip
+    ] + [
+        {"type": "metrics", "process": "supervisor", "step": None, "t": t,
+         "data": {"inference/tokens_per_s": rate}}
+        for t, rate in ((99.0, 5.0), (101.0, 1000.0), (115.0, 3000.0), (117.0, 7.0))
+    ]  # fmt: skip  # syncs at steps 4 and 8; server rates outside the steps' span left out
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     run = quickstart_gpu.ModeRun("shared_vllm", [0])
     quickstart_gpu.read(run, tmp_path, began=90.0, target=0.8)
@@ -52,7 +57,9 @@ def test_target_is_the_first_five_step_mean_to_reach_it(tmp_path: Path) -> None:
     text = quickstart_gpu.markdown(
         [run], {}, quickstart_gpu.argparse.Namespace(gpus=[0], target=0.8)
     )
-    assert "| shared_vllm | 0 | not run | 9 | 0.420 | 0.900 | 8 | 24 | 0.04 / 0.08 |" in text
+    assert (run.sync_times, run.inference_tok_s) == ([0.1 * 3, 0.1 * 7], [1000.0, 3000.0])
+    assert "| shared_vllm | 0 | not run | 9 | 0.420 | 0.900 | 8 | 24 | 0.5 / 0.7 (2) |" in text
+    assert "| 2,000 / 3,000 | 0.04 / 0.08 |" in text
     assert "| 0.008 / 0.011 (4) |" in text
     assert (
         "- shared_vllm (0): 5: 0.42 (18 s)" in text
