@@ -64,13 +64,17 @@ def prune_served(checkpoint_dir: Path, keep: Path, history: int = 2) -> None:
 
     vLLM may reread an adapter's files after the swap (requests still in flight, an
     adapter evicted from its GPU slot): deleting the previous one at once kills its engine.
+    Links (SGLang's ``adapter_current``) belong to their sync strategy and stay.
     """
     root = served_dir(checkpoint_dir)
     others = sorted(
         (
             path
             for path in root.iterdir()
-            if path.is_dir() and path.resolve() != keep.resolve() and not path.name.startswith(".")
+            if path.is_dir()
+            and not path.is_symlink()
+            and path.resolve() != keep.resolve()
+            and not path.name.startswith(".")
         ),
         key=lambda path: path.stat().st_mtime,
         reverse=True,

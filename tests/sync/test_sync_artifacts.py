@@ -11,6 +11,7 @@ from safetensors.torch import load_file
 
 from grpo_trainer.models import build_tiny_model, load_model
 from grpo_trainer.sync.artifacts import prune_served, save_adapter, served_dir
+from grpo_trainer.sync.sglang import point_current
 
 
 def test_prune_keeps_the_served_artifact_and_recent_history(tmp_path: Path) -> None:
@@ -26,6 +27,29 @@ def test_prune_keeps_the_served_artifact_and_recent_history(tmp_path: Path) -> N
     prune_served(tmp_path, keep=made[-1], history=2)
     left = sorted(p.name for p in root.iterdir())
     assert left == ["adapter_step_4", "adapter_step_5", "adapter_step_6"]
+
+
+def test_prune_leaves_the_sglang_current_link_alone(tmp_path: Path) -> None:
+    """``lora_restart`` on SGLang: ``adapter_current`` (the hot-loaded starting adapter's
+    link) is older than the history kept; pruning removes its target, never the link (an
+    H200 run failed every sync from the second on with "Cannot call rmtree on a symbolic
+    link")."""
+    root = served_dir(tmp_path)
+    root.mkdir(parents=True, exist_ok=True)
+    made = []
+    for step in range(4):
+        path = root / f"adapter_step_{step}"
+        path.mkdir()
+        os.utime(path, (step + 1, step + 1))
+        made.append(path)
+    link = point_current(made[0])
+    prune_served(tmp_path, keep=made[-1], history=1)
+    assert sorted(p.name for p in root.iterdir()) == [
+        "adapter_current",
+        "adapter_step_2",
+        "adapter_step_3",
+    ]
+    assert link.is_symlink()
 
 
 def test_save_adapter_writes_weights_and_config_without_a_model_card(tmp_path: Path) -> None:
