@@ -31,6 +31,7 @@ from grpo_trainer.api.schemas import (
     RegisterEnv,
     Registration,
     ScoredData,
+    ServedVersion,
 )
 from grpo_trainer.api.security import TokenGuard
 from grpo_trainer.api.settings import ApiSettings
@@ -337,6 +338,14 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
         db.purge_soon()
         return {"status": "success", "current_step": step}
 
+    @app.post("/served-version")
+    async def served_version(body: ServedVersion) -> dict[str, str]:
+        """The trainer's weight sync finished: environments tag what they sample from now
+        with ``version`` (not the step, which runs ahead between syncs of ``sync_every`` >
+        1), so off-policy lag is measured against the weights that sampled."""
+        await db.call(lambda: store.set_served_version(body.version))
+        return {"status": "success"}
+
     @app.get("/status")
     async def status() -> dict[str, int]:
         def read() -> dict[str, int]:
@@ -386,6 +395,7 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
         full = queued_batches >= bound if bound else (queued_batches >= 1 or leased > 0)
         return {
             "current_step": store.current_step(),
+            "served_version": store.served_version(),
             "queue_size": queued // env.group_size,
             "unallocated_fraction": 1.0 - min(reserved, 1.0),
             "self_queue_size": own // env.group_size,

@@ -70,6 +70,12 @@ class Ack(BaseModel):
     batch_id: str = Field(min_length=1, max_length=100)
 
 
+class ServedVersion(BaseModel):
+    """``POST /served-version``: inference now serves the weights of this trainer step."""
+
+    version: StrictInt = Field(ge=0)
+
+
 PerToken = list[list[FiniteFloat]]
 
 

@@ -139,11 +139,21 @@ class Store:
     def started(self) -> bool:
         return bool(self.meta("started"))
 
+    def served_version(self) -> int | None:
+        """The trainer step whose weights inference serves (None: not reported)."""
+        return self.meta("served_version")
+
+    def set_served_version(self, version: int) -> None:
+        with self._transaction():
+            self._set_meta("served_version", version)
+
     def register_trainer(self, registration: dict[str, Any]) -> None:
-        """Store the trainer's registration; its ``starting_step`` becomes the step."""
+        """Store the trainer's registration; its ``starting_step`` becomes the step, and the
+        served version is unknown until the trainer reports it."""
         with self._transaction():
             self._set_meta("registration", registration)
             self._set_meta("current_step", registration["starting_step"])
+            self._set_meta("served_version", None)
 
     def mark_started(self) -> None:
         if not self.started():

@@ -110,6 +110,9 @@ class EnvRunner:
         self.max_tokens = settings.max_tokens or task.default_max_tokens
         self.env_id: int | None = None
         self.current_step = 0
+        self.served_version: int | None = None
+        """The trainer step whose weights inference serves, as our API reports it (None:
+        not reported, e.g. an Atropos API): between syncs it lags ``current_step``."""
         self.batch_size = 0
         self.max_token_len = settings.max_token_length
         self.edits = EditWatcher.for_role("env")
@@ -267,8 +270,22 @@ class EnvRunner:
         if response.status_code != 200:
             return None
         status = response.json()
-        self.current_step = int(status.get("current_step", self.current_step))
+        self._take_versions(status)
         return status
+
+    def _take_versions(self, status: dict[str, Any]) -> None:
+        """The step and the served version an API status carries."""
+        self.current_step = int(status.get("current_step", self.current_step))
+        served = status.get("served_version")
+        self.served_version = None if served is None else int(served)
+
+    def _policy_version(self) -> int:
+        """The version a group sampled now is tagged with: the weights inference serves.
+        Only the trainer's sync moves them, so with ``sync_every`` > 1 they trail the step;
+        an API that does not report them (Atropos) leaves the step."""
+        if self.served_version is None:
+            return self.current_step
+        return min(self.current_step, self.served_version)
 
     def _queue_full(self, status: dict[str, Any]) -> bool:
         """Whether the queue is at its off-policy bound.
@@ -284,7 +301,8 @@ class EnvRunner:
         return queued >= ATROPOS_MAX_BATCHES_OFFPOLICY * self.batch_size
 
     async def _wait_for_room(self) -> int | None:
-        """Ask ``/status-env`` until the queue has room; returns the current step (None: stop).
+        """Ask ``/status-env`` until the queue has room; returns the version to tag the
+        group with (``_policy_version``; None: stop).
 
         Our API answers a full queue once it has room (long poll, ``LONG_POLL`` at most); an
         API that answers at once (Atropos) is polled every ``status_poll`` seconds. The
@@ -294,7 +312,7 @@ class EnvRunner:
         posted, self._posted_status = self._posted_status, None
         if posted is not None and not self._queue_full(posted):
             self._note_pause(False, posted)
-            return self.current_step
+            return self._policy_version()
         backoff = Backoff(first=self.status_poll, cap=5.0)
         while not self._stop.is_set():
             asked = time.monotonic()
@@ -303,7 +321,7 @@ class EnvRunner:
                 full = self._queue_full(status)
                 self._note_pause(full, status)
                 if not full:
-                    return self.current_step
+                    return self._policy_version()
                 if time.monotonic() - asked >= LONG_POLL:
                     continue
             await self._sleep(self.status_poll if status is not None else backoff.next())
@@ -369,7 +387,7 @@ class EnvRunner:
         except (ValueError, AttributeError):
             return
         if isinstance(status, dict):
-            self.current_step = int(status.get("current_step", self.current_step))
+            self._take_versions(status)
             self._posted_status = status
 
     def _api_down(self, exc: Exception) -> None:

@@ -79,6 +79,8 @@ class ApiClient:
         self.http = httpx.Client(base_url=url, headers=headers, timeout=30.0)
         self.registration: Registration | None = None
         self.step = 0
+        self.served_version: int | None = None
+        self._serves_versions = True  # False: the API has no /served-version (Atropos)
         self._needs_register = True
 
     def close(self) -> None:
@@ -121,6 +123,30 @@ class ApiClient:
                 f"{response.text[:500]}"
             )
         self._needs_register = False
+        self._post_served()  # a registration resets what the API knows of it
+
+    def served(self, version: int) -> None:
+        """``POST /served-version``: inference serves the weights of step ``version``, so
+        environments tag their samples with it (best effort: an outage skips it, and the
+        next registration or sync sends it again)."""
+        self.served_version = version
+        self._post_served()
+
+    def _post_served(self) -> None:
+        if self.served_version is None or not self._serves_versions:
+            return
+        try:
+            response = self.http.post("/served-version", json={"version": self.served_version})
+        except httpx.TransportError:
+            self._needs_register = True
+            return
+        if response.status_code in (404, 405):
+            self._serves_versions = False
+            self.log(
+                "info",
+                "the rollout API has no /served-version (an Atropos API): environments tag "
+                "samples with the step, so off_policy_lag reads low between syncs",
+            )
 
     def next_batch(self, should_stop: Callable[[], bool], poll: float = 0.05) -> LeasedBatch | None:
         """Block until the API hands out a batch; None when ``should_stop()`` turns true.

@@ -182,6 +182,7 @@ class Trainer:
         """Train until ``training_steps`` or a stop request; returns the last step."""
         if self.source is not None:
             self.source.start(self.step)
+            self.source.served(self.policy_version)
         print(READY_LINE, flush=True)
         if on_ready is not None:
             on_ready()
@@ -538,6 +539,8 @@ class Trainer:
                     continue
                 self.policy_version = result.policy_version
                 self.last_synced_step = self.step
+                if self.source is not None:
+                    self.source.served(self.policy_version)
                 metrics["sync_time"] = result.sync_time
                 metrics |= {f"sync/{name}_time": t for name, t in result.phases.items()}
                 break

@@ -28,6 +28,9 @@ class BatchSource(Protocol):
     def done(self, batch: LeasedBatch, step: int) -> None:
         """The optimizer step on ``batch`` finished; ``step`` steps are now complete."""
 
+    def served(self, version: int) -> None:
+        """Inference now serves the weights of step ``version`` (start-up, each sync)."""
+
     def close(self) -> None:
         """Release connections."""
 
@@ -47,6 +50,9 @@ class ApiSource:
 
     def done(self, batch: LeasedBatch, step: int) -> None:
         self.client.ack(batch, step)
+
+    def served(self, version: int) -> None:
+        self.client.served(version)
 
     def close(self) -> None:
         self.client.close()
@@ -122,6 +128,9 @@ class FileSource:
 
     def done(self, batch: LeasedBatch, step: int) -> None:
         """Nothing to acknowledge in a file."""
+
+    def served(self, version: int) -> None:
+        """Nobody samples from a file."""
 
     def close(self) -> None:
         """Nothing to close."""

@@ -115,6 +115,8 @@ def test_wrong_types_on_control_endpoints(running: httpx.Client) -> None:
     )
     _refused(running.post("/disconnect-env", json={"env_id": "zero"}), 422, "env_id")
     _refused(running.post("/batch/ack", json={}), 422, "batch_id")
+    for bad in ({}, {"version": -1}, {"version": "3"}, {"version": 2.5}):
+        _refused(running.post("/served-version", json=bad), 422, "version")
     assert running.get("/info").json() == {"batch_size": 8, "max_token_len": 32}
     assert _queue(running) == (1, 0)
 

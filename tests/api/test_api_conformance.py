@@ -161,6 +161,7 @@ def test_status_env_fields_and_offpolicy_pause(api: httpx.Client) -> None:
     assert by_body == by_query
     assert by_body == {
         "current_step": 0,
+        "served_version": None,
         "queue_size": 6,
         "unallocated_fraction": 1.0,
         "self_queue_size": 5,
@@ -173,6 +174,25 @@ def test_status_env_fields_and_offpolicy_pause(api: httpx.Client) -> None:
     }
     api.get("/batch")
     assert api.get("/status-env", params={"env_id": ids["toy"]}).json()["pause"] is False
+
+
+def test_served_version_reaches_status_env_until_the_next_registration(
+    api: httpx.Client,
+) -> None:
+    """The trainer reports each sync's version; environments read it from /status-env (and
+    from a post's env_status) to tag samples; a (re-)registration forgets it."""
+    ids = start_run(api)
+
+    def served() -> int | None:
+        return api.get("/status-env", params={"env_id": ids["toy"]}).json()["served_version"]
+
+    assert served() is None
+    assert api.post("/served-version", json={"version": 3}).json() == {"status": "success"}
+    assert served() == 3
+    posted = api.post("/scored_data", params={"env_status": "true"}, json=group(1)).json()
+    assert posted["env_status"]["served_version"] == 3
+    api.post("/register", json={**TRAINER, "starting_step": 4})
+    assert served() is None
 
 
 def test_disconnect_env(api: httpx.Client) -> None:

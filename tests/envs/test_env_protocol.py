@@ -196,3 +196,25 @@ async def test_status_returned_with_a_post_saves_the_next_status_request(
         await runner.api.aclose()
         await runner.inference.aclose()
         trainer.close()
+
+
+def test_groups_are_tagged_with_the_served_version_not_the_step(
+    spawn, tmp_path, tiny_model, inference
+) -> None:
+    """Between syncs (``sync_every`` > 1) the step runs ahead of the weights inference
+    serves: a group is tagged with the version the trainer last reported as served."""
+    api = start_api(spawn, tmp_path)
+    trainer = Trainer(api, batch_size=2 * GROUP)
+    body = {"batch_size": 2 * GROUP, "max_token_len": 64, "num_steps": 1000, "starting_step": 7}
+    assert trainer.client.post("/register", json=body).status_code == 200
+    assert trainer.client.get("/batch").status_code == 200  # marks the trainer started
+    assert trainer.client.post("/served-version", json={"version": 4}).status_code == 200
+    env = spawn(
+        "env",
+        env_argv("grpo_trainer.envs.toy", api, inference, tiny_model, "--group-size",
+                 str(GROUP), "--max-groups", "2", "--max-concurrency", "1"),
+    )  # fmt: skip
+    assert env.wait(timeout=120) == 0, env.text()[-3000:]
+    groups = trainer.take()
+    assert [g["policy_version"] for g in groups] == [4, 4]
+    trainer.close()

@@ -135,6 +135,21 @@ def test_trainer_leases_acks_and_survives_api_restart(tmp_path: Path, procs) -> 
     procs.append(trainer)
     info = lambda: httpx.get(f"{api.url}/info", timeout=5).json()  # noqa: E731
     wait_until(lambda: info()["batch_size"] == 4, 60, "trainer registration")
+    env = {"max_token_length": 64, "desired_name": "probe", "group_size": 2}
+    env_ids: list[int] = []
+
+    def env_registered() -> bool:  # the API answers "wait" until the trainer polled /batch
+        answer = httpx.post(f"{api.url}/register-env", json=env, timeout=5).json()
+        env_ids.extend([answer["env_id"]] if "env_id" in answer else [])
+        return bool(env_ids)
+
+    wait_until(env_registered, 30, "an environment registered")
+
+    def served() -> int | None:
+        answer = httpx.get(f"{api.url}/status-env", params={"env_id": env_ids[0]}, timeout=5)
+        return answer.json()["served_version"]
+
+    wait_until(lambda: served() == 0, 30, "the start weights reported as served")
     assert httpx.post(f"{api.url}/scored_data_list", json=groups[:4], timeout=10).status_code == 200
 
     def steps_done() -> list[int]:
@@ -158,6 +173,7 @@ def test_trainer_leases_acks_and_survives_api_restart(tmp_path: Path, procs) -> 
     assert (final["current_step"], final["queue_size"]) == (STEPS, 0)
     lags = [json.loads(line)["data"]["off_policy_lag"] for line in metrics.read_text().splitlines()]
     assert lags == [0, 1, 2, 3]
+    assert served() == 0  # the restarted API's re-registration reset it; the trainer re-sent it
 
 
 def test_unreachable_api_is_a_clear_error_after_a_bounded_wait(tmp_path: Path) -> None:
