@@ -27,7 +27,7 @@ from grpo_trainer.serve.settings import (
     inference_command,
     request_model_name,
 )
-from grpo_trainer.sync.restart import RESTART_MODES
+from grpo_trainer.sync.restart import restarts_inference
 from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.memory_fit import fit_problem, footprint, param_count, read_model_config
 from grpo_tui.cluster import (
@@ -497,7 +497,7 @@ class RoleLayer(RoleOverrides):
         inference = self.inference or InferenceSettings()
         group_sizes = {env.group_size for env in self.envs if env is not None}
         defaults: dict[str, Any] = {"seed": self.seed, "resume": "auto"}
-        if self.mode in RESTART_MODES:
+        if restarts_inference(self.mode, inference.backend):
             # Each sync restarts the inference server (seconds on a CPU, a minute for vLLM):
             # sync every few steps unless the profile says otherwise.
             defaults.update(sync_every=RESTART_SYNC_EVERY, max_sync_lag=RESTART_SYNC_EVERY - 1)

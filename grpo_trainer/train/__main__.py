@@ -15,7 +15,7 @@ import sys
 
 from grpo_trainer.control import SOCKET_ENV
 from grpo_trainer.start_gate import wait_for_start
-from grpo_trainer.sync.restart import RESTART_MODES, supervisor_missing
+from grpo_trainer.sync.restart import restarts_inference, supervisor_missing
 from grpo_trainer.train.config import EXIT_BAD_CONFIG, ConfigError, TrainerConfig
 
 
@@ -24,7 +24,7 @@ def preflight(config: TrainerConfig) -> list[str]:
     problems = []
     if (
         config.sync_every
-        and config.weight_bridge_mode in RESTART_MODES
+        and restarts_inference(config.weight_bridge_mode, config.inference_backend)
         and not os.environ.get(SOCKET_ENV)
     ):
         problems.append(supervisor_missing(config.weight_bridge_mode))

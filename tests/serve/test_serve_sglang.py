@@ -4,7 +4,8 @@ adapter, the completion answers environments parse, and the weight-update calls.
 SGLang cannot run on this CPU CI (it is a GPU server, not installed here): the answer
 shapes below are SGLang's documented ones (its OpenAI protocol's CompletionResponse, the
 RL guide's update endpoints), and the weight-update calls go to a stand-in transport that
-records them. ``benchmarks/sglang_device.sh`` runs the real server on a GPU.
+records them. ``benchmarks/sglang_device.sh`` runs the real server on a GPU (H200s,
+2026-11-26: ``benchmarks/results/sglang_modes.md``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from grpo_trainer.serve.settings import (
 )
 from grpo_trainer.sync.client import InferenceClient, SyncError
 from grpo_trainer.sync.sglang import replace_adapter, update_from_disk
+from grpo_trainer.train.config import TrainerConfig
 from grpo_tui.profile import ProfileError, load_profile
 from grpo_tui.roles import build_plan
 from grpo_tui.supervisor.samplers import generation_tokens
@@ -261,3 +263,25 @@ def test_the_trainer_picks_the_sglang_strategies(tmp_path: Path) -> None:
     assert isinstance(make_strategy("lora_only", context), HotSwapSync)
     with pytest.raises(ValueError, match="backend sglang cannot run mode 'shared_vllm'"):
         make_strategy("shared_vllm", context)
+
+
+@pytest.mark.parametrize(("backend", "mode", "every"), [
+    ("sglang", "none", 1), ("vllm", "none", 4), ("sglang", "lora_restart", 4),
+])  # fmt: skip
+def test_none_on_sglang_syncs_every_step_by_default(
+    tmp_path: Path, backend: str, mode: str, every: int
+) -> None:
+    """A sync restarts vLLM (a minute), so the restart modes sync every few steps; SGLang
+    reloads full weights in place (65 ms on an H200), so its ``none`` syncs every step and
+    needs no supervisor to restart anything."""
+    profile = tmp_path / "p.toml"
+    profile.write_text(
+        f'[run]\nmode = "{mode}"\noutput_dir = "{tmp_path}"\n[api]\n'
+        f'[inference]\nbackend = "{backend}"\n[trainer]\nbatch_size = 16\n'
+        '[[env]]\ntask = "toy"\n'
+    )
+    (trainer,) = [s for s in build_plan(load_profile(profile)).specs if s.name == "trainer"]
+    argv = trainer.command  # a value equal to the trainer's default is not passed
+    default = TrainerConfig.model_fields["sync_every"].default
+    passed = argv[argv.index("--sync-every") + 1] if "--sync-every" in argv else str(default)
+    assert passed == str(every)
