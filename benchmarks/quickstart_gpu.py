@@ -182,38 +182,34 @@ def port_base(backend: str) -> int:
     return {"vllm": 24000, "sglang": 25000}[backend]
 
 
+def values(records: list[dict[str, Any]], key: str) -> list[float]:
+    """``key``'s value in each record that has it, in order."""
+    return [float(r[key]) for r in records if key in r]
+
+
 def read(run: ModeRun, cell: Path, began: float, target: float) -> None:
     """Rewards so far, and the first step whose ``WINDOW``-step mean reached ``target``."""
     runs = sorted((cell / "runs").glob("*/"))
     if not runs:
         return
+    lines = _lines(runs[-1] / "metrics.jsonl")
     records = sorted(
-        (
-            r
-            for r in _lines(runs[-1] / "metrics.jsonl")
-            if r.get("type") == "metrics" and "reward/mean" in r.get("data", {})
-        ),
+        (r for r in lines if r.get("type") == "metrics" and "reward/mean" in r.get("data", {})),
         key=lambda r: r["step"],
     )
-    run.rewards = [float(r["data"]["reward/mean"]) for r in records]
     data = [r["data"] for r in records]
-    run.sync_times = [float(d["sync_time"]) for d in data if "sync_time" in d]
+    run.rewards = values(data, "reward/mean")
+    run.sync_times = values(data, "sync_time")
+    run.alignment = values(data, "alignment/diff_abs_mean")
+    run.alignment_lag0 = values(data, "alignment/diff_abs_mean_lag0")
     if records:
-        run.inference_tok_s = [
-            float(r["data"]["inference/tokens_per_s"])
-            for r in _lines(runs[-1] / "metrics.jsonl")
-            if r.get("process") == "supervisor"
-            and "inference/tokens_per_s" in r.get("data", {})
-            and records[0]["t"] <= r["t"] <= records[-1]["t"]
+        span = (records[0]["t"], records[-1]["t"])
+        server = [
+            r["data"]
+            for r in lines
+            if r.get("process") == "supervisor" and span[0] <= r["t"] <= span[1]
         ]
-    run.alignment = [
-        float(d["alignment/diff_abs_mean"]) for d in data if "alignment/diff_abs_mean" in d
-    ]
-    run.alignment_lag0 = [
-        float(d["alignment/diff_abs_mean_lag0"])
-        for d in data
-        if "alignment/diff_abs_mean_lag0" in d
-    ]
+        run.inference_tok_s = values(server, "inference/tokens_per_s")
     run.step_times = [float(r["t"]) - began for r in records]
     for index, mean in enumerate(rolling(run.rewards)):
         if mean >= target:
