@@ -9,6 +9,7 @@ from grpo_trainer.sync.colocate import ColocateSharedSync, VllmColocateSync
 from grpo_trainer.sync.lora_only import HotSwapSync
 from grpo_trainer.sync.lora_restart import AdapterRestartSync
 from grpo_trainer.sync.none import RestartSync
+from grpo_trainer.sync.restart import restarts_inference
 from grpo_trainer.sync.sglang import SglangDiskSync
 from grpo_trainer.sync.shared import SharedFileSync
 from grpo_trainer.sync.vllm_shared import VllmSharedSync
@@ -29,10 +30,10 @@ def make_strategy(
         raise ValueError(f"unknown inference backend {context.backend!r}")
     if context.backend == "sglang" and mode in SGLANG_REFUSED:
         raise ValueError(f"backend sglang cannot run mode {mode!r}: {SGLANG_REFUSED[mode]}")
-    if mode == "none" and context.backend == "sglang":
-        return SglangDiskSync(context)
     if mode == "none":
-        return RestartSync(context, link=link)
+        if restarts_inference(mode, context.backend):
+            return RestartSync(context, link=link)
+        return SglangDiskSync(context)
     if mode == "lora_restart":
         return AdapterRestartSync(context, link=link)
     if mode == "lora_only":
