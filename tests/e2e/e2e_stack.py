@@ -230,3 +230,24 @@ class HeadlessCli:
         except subprocess.TimeoutExpired:
             os.killpg(self.popen.pid, signal.SIGKILL)
             self.popen.wait(timeout=10)
+
+
+def quickstart_run_to_end(
+    tmp_path: Path,
+    cli: list[HeadlessCli],
+    *,
+    mode: str,
+    overrides: Mapping[str, Mapping[str, Any]],
+    timeout: float,
+) -> Path:
+    """A ``quickstart_copy`` run through ``grpo-tui run`` to its end: exit 0 and nothing of
+    the run left alive are asserted; returns the run directory."""
+    run = HeadlessCli(quickstart_copy(tmp_path, mode=mode, overrides=overrides), mode,
+                      tmp_path / "console.log")  # fmt: skip
+    cli.append(run)
+    run_id = spawned_run_id(run, tmp_path)
+    assert run.wait(timeout=timeout) == 0, run.text()[-4000:]
+    run_dir = only_run_dir(tmp_path)
+    assert run_dir is not None
+    assert tagged(run_id) == [], "processes of the run outlived it"
+    return run_dir

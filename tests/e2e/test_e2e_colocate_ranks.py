@@ -14,15 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from e2e_stack import (
-    HeadlessCli,
-    mean,
-    only_run_dir,
-    spawned_run_id,
-    tagged,
-    trainer_steps,
-)
-from e2e_stack import quickstart_copy as make_profile
+from e2e_stack import HeadlessCli, mean, quickstart_run_to_end, trainer_steps
 from test_e2e_modes import MARGIN, STEPS, WINDOW
 
 RANKS = 2
@@ -38,15 +30,9 @@ def test_colocate_on_two_ranks_and_two_replicas_learns_and_leaves_nothing(
         "trainer": {"training_steps": steps, "checkpoint_interval": 10, "ranks": RANKS},
         "inference": {"data_parallel_size": RANKS},
     }
-    profile = make_profile(tmp_path, mode="colocate", overrides=overrides)
-    run = HeadlessCli(profile, "colocate", tmp_path / "console.log")
-    cli.append(run)
-
-    run_id = spawned_run_id(run, tmp_path)
-    assert run.wait(timeout=540) == 0, run.text()[-4000:]
-    run_dir = only_run_dir(tmp_path)
-    assert run_dir is not None
-    assert tagged(run_id) == [], "processes of the run outlived it"
+    run_dir = quickstart_run_to_end(
+        tmp_path, cli, mode="colocate", overrides=overrides, timeout=540
+    )
 
     log = (run_dir / "logs" / "trainer.log").read_text()
     assert "[rank0]" in log and "[rank1]" in log  # one torchrun group of 2 ranks

@@ -12,15 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from e2e_stack import (
-    HeadlessCli,
-    mean,
-    only_run_dir,
-    spawned_run_id,
-    tagged,
-    trainer_steps,
-)
-from e2e_stack import quickstart_copy as make_profile
+from e2e_stack import HeadlessCli, mean, quickstart_run_to_end, trainer_steps
 
 STEPS = {"shared_vllm": 30, "lora_only": 30, "none": 30, "lora_restart": 30, "colocate": 30}
 """Trainer steps per mode. Measured with the quickstart's 10 warm-up steps (5-step means;
@@ -53,16 +45,9 @@ def overrides(mode: str) -> dict[str, dict[str, object]]:
 def test_quickstart_mode_learns_and_leaves_nothing(
     mode: str, tmp_path: Path, cli: list[HeadlessCli]
 ) -> None:
-    profile = make_profile(tmp_path, mode=mode, overrides=overrides(mode))
-    run = HeadlessCli(profile, mode, tmp_path / "console.log")
-    cli.append(run)
-
-    run_id = spawned_run_id(run, tmp_path)
-    assert run.wait(timeout=360) == 0, run.text()[-4000:]
-
-    run_dir = only_run_dir(tmp_path)
-    assert run_dir is not None
-    assert tagged(run_id) == [], "processes of the run outlived it"
+    run_dir = quickstart_run_to_end(
+        tmp_path, cli, mode=mode, overrides=overrides(mode), timeout=360
+    )
 
     steps = trainer_steps(run_dir)
     curve = [(step, data["reward/mean"]) for step, data in steps]
