@@ -16,6 +16,7 @@ What the ranks agree on, and why it is a collective here:
 
 from __future__ import annotations
 
+import gc
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -130,8 +131,16 @@ def _device_id(device: str) -> torch.device | None:
 
 
 def shutdown_distributed(world: Dist) -> None:
-    """Leave the process group (no-op in a world of one)."""
+    """Leave the process group (no-op in a world of one).
+
+    Garbage is collected first: FSDP2's modules keep the group and its last work objects
+    in reference cycles, which outlive the trainer's frame. Left to interpreter shutdown,
+    gloo's destructor runs while Python is torn down and the rank aborts ("terminate called
+    without an active exception", in about 1 of 3 two-rank CPU runs with torch 2.13), so a
+    clean stop read as a failed one.
+    """
     if world.enabled and dist.is_initialized():
+        gc.collect()
         dist.destroy_process_group()
 
 
