@@ -4,8 +4,8 @@ torch 2.13's gloo group, kept alive past ``destroy_process_group`` by FSDP2's re
 cycles, aborted a rank at interpreter shutdown in about 1 of 3 runs, so torchrun reported
 a clean stop as a failure. ``shutdown_distributed`` collects those cycles first. The
 abort is a race that load hides (jobs run side by side on two cores passed), so this runs
-2-rank jobs one after another: with the bug 6 of 20 runs aborted (this test then fails
-3 times in 4), with the fix 30 of 30 exited 0.
+2-rank jobs one after another: with the bug 6 of 20 runs aborted (so this test fails
+about 3 times in 4; it failed 2 of 4 tries), with the fix 30 of 30 exited 0.
 """
 
 from __future__ import annotations
