@@ -230,7 +230,7 @@ def markdown(runs: list[ModeRun], info: dict[str, str], args: argparse.Namespace
         (
             "- on CPU (`--cpu`): the built-in server in float32, `colocate` on gloo ranks and "
             "built-in replicas; otherwise the profile as shipped (a check, no GPU figures)"
-            if getattr(args, "cpu", False)
+            if args.cpu
             else f"- modes ran at the same time, spread over GPUs {args.gpus}; the profile as "
             "shipped except mode, ports, GPUs (several for `colocate`: one trainer rank and "
             "one vLLM replica each, data_parallel_size = their count), output dir (and the "
@@ -284,9 +284,9 @@ def curve(run: ModeRun) -> str:
 
 def engine(args: argparse.Namespace) -> str:
     """The inference engine the runs used, as the title says it."""
-    if getattr(args, "cpu", False):
+    if args.cpu:
         return "built-in server on CPU"
-    return {"vllm": "vLLM", "sglang": "SGLang"}[getattr(args, "backend", "vllm")]
+    return {"vllm": "vLLM", "sglang": "SGLang"}[args.backend]
 
 
 def rate(values: list[float]) -> str:
@@ -305,7 +305,7 @@ def spread(values: list[float]) -> str:
 
 def where(run: ModeRun, args: argparse.Namespace) -> str:
     """Its GPUs (``2+3``: one trainer rank and one vLLM replica on each), or its CPU ranks."""
-    if getattr(args, "cpu", False):
+    if args.cpu:
         return f"CPU x{len(run.gpus)}" if len(run.gpus) > 1 else "CPU"
     return "+".join(map(str, run.gpus))
 

@@ -54,9 +54,8 @@ def test_target_is_the_first_five_step_mean_to_reach_it(tmp_path: Path) -> None:
     quickstart_gpu.read(run, tmp_path, began=90.0, target=0.8)
     assert run.rewards == rewards
     assert (run.target_step, run.target_s) == (8, 100.0 + 2 * 7 - 90.0)
-    text = quickstart_gpu.markdown(
-        [run], {}, quickstart_gpu.argparse.Namespace(gpus=[0], target=0.8)
-    )
+    args = quickstart_gpu.argparse.Namespace(gpus=[0], target=0.8, cpu=False, backend="vllm")
+    text = quickstart_gpu.markdown([run], {}, args)
     assert (run.sync_times, run.inference_tok_s) == ([0.1 * 3, 0.1 * 7], [1000.0, 3000.0])
     assert "| shared_vllm | 0 | not run | 9 | 0.420 | 0.900 | 8 | 24 | 0.5 / 0.7 (2) |" in text
     assert "| 2,000 / 3,000 | 0.04 / 0.08 |" in text
