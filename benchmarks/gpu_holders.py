@@ -21,8 +21,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from grpo_tui.profile import load_profile
-from grpo_tui.roles import build_plan
+from grpo_tui.plan.profile import load_profile
+from grpo_tui.plan.roles import build_plan
 
 
 @dataclass

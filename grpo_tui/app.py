@@ -39,7 +39,7 @@ from grpo_tui.screens.run_viewer import RunViewerScreen
 from grpo_tui.supervisor.events import Notice
 
 if TYPE_CHECKING:
-    from grpo_tui.profile import Profile
+    from grpo_tui.plan.profile import Profile
     from grpo_tui.supervisor.bus import Subscription
     from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
 
@@ -418,8 +418,8 @@ def _keymap_ok() -> bool:
 def run_app(profile: Path | str | Profile, mode: str | None = None) -> int:
     """Open the dashboard on a profile (a path or a loaded profile); returns the exit code."""
     from grpo_tui.headless import write_run_dir
-    from grpo_tui.profile import load_profile
-    from grpo_tui.roles import build_plan
+    from grpo_tui.plan.profile import load_profile
+    from grpo_tui.plan.roles import build_plan
     from grpo_tui.supervisor.supervisor import Supervisor
 
     if not _keymap_ok():

@@ -17,9 +17,9 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
-from grpo_tui.cluster import Allocation, plan_lines
-from grpo_tui.profile import Profile, ProfileError, load_profile
-from grpo_tui.roles import Plan, build_plan
+from grpo_tui.plan.cluster import Allocation, plan_lines
+from grpo_tui.plan.profile import Profile, ProfileError, load_profile
+from grpo_tui.plan.roles import Plan, build_plan
 from grpo_tui.supervisor.spec import ExecProbe, HttpProbe, LogLineProbe, ProcessSpec, TcpProbe
 from grpo_tui.terminal import prefer_quick_escape
 
@@ -212,7 +212,7 @@ def sbatch(
             )
     except ProfileError as error:
         raise _fail(error) from None
-    from grpo_tui.sbatch import batch_script, submit
+    from grpo_tui.plan.sbatch import batch_script, submit
 
     script = batch_script(plan, profile, mode=mode, cwd=Path.cwd())
     try:

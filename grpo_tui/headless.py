@@ -23,7 +23,7 @@ import tomli_w
 from rich.console import Console
 from rich.markup import escape
 
-from grpo_tui.roles import Plan
+from grpo_tui.plan.roles import Plan
 from grpo_tui.supervisor.bus import Subscription
 from grpo_tui.supervisor.events import (
     Event,

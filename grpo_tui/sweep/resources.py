@@ -19,7 +19,7 @@ from typing import Any
 
 from grpo_trainer.api.settings import ApiSettings
 from grpo_trainer.serve.settings import InferenceSettings
-from grpo_tui.cluster import ClusterSettings
+from grpo_tui.plan.cluster import ClusterSettings
 from grpo_tui.supervisor.ports import find_port_holder
 
 _CUDA = re.compile(r"^cuda(?::(\d+))?$")

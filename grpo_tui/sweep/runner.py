@@ -29,7 +29,7 @@ from typing import Any
 
 import psutil
 
-from grpo_tui.profile import Profile
+from grpo_tui.plan.profile import Profile
 from grpo_tui.sweep.grid import Cell, apply_overrides, describe, write_profile
 from grpo_tui.sweep.resources import Lease, Resources, gpus_needed, leased_profile
 from grpo_tui.sweep.slurm_jobs import ENDED, JobEnd, SlurmJobs, cancel, job_end, job_states

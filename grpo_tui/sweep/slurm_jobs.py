@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from grpo_tui.profile import load_profile
-from grpo_tui.roles import build_plan
-from grpo_tui.sbatch import batch_script, submit
+from grpo_tui.plan.profile import load_profile
+from grpo_tui.plan.roles import build_plan
+from grpo_tui.plan.sbatch import batch_script, submit
 
 POLL_S = 2.0
 """Seconds between ``squeue`` calls (one call for all watched jobs)."""

@@ -22,8 +22,8 @@ from model_shapes import qwen2_config  # noqa: E402
 from workload_task import PROMPT_CHARS, Workload  # noqa: E402
 
 from grpo_trainer.models import build_tiny_tokenizer  # noqa: E402
-from grpo_tui.profile import load_profile  # noqa: E402
-from grpo_tui.roles import build_plan  # noqa: E402
+from grpo_tui.plan.profile import load_profile  # noqa: E402
+from grpo_tui.plan.roles import build_plan  # noqa: E402
 
 
 def flag(command: list[str], name: str) -> str:

@@ -16,8 +16,8 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import quickstart_gpu  # noqa: E402
 
-from grpo_tui.profile import load_profile  # noqa: E402
-from grpo_tui.roles import build_plan  # noqa: E402
+from grpo_tui.plan.profile import load_profile  # noqa: E402
+from grpo_tui.plan.roles import build_plan  # noqa: E402
 
 
 @pytest.mark.parametrize("mode", quickstart_gpu.MODES)

@@ -8,8 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from grpo_tui.cli import app
-from grpo_tui.profile import load_profile
-from grpo_tui.roles import run_dir_for
+from grpo_tui.plan.profile import load_profile
+from grpo_tui.plan.roles import run_dir_for
 
 runner = CliRunner()
 

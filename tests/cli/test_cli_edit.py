@@ -14,8 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from grpo_tui.profile import load_profile
-from grpo_tui.roles import build_plan
+from grpo_tui.plan.profile import load_profile
+from grpo_tui.plan.roles import build_plan
 from grpo_tui.run_files import load_run
 from grpo_tui.run_state import SUPERVISOR_LOG
 from grpo_tui.supervisor.spec import LogLineProbe, ProcessSpec

@@ -35,8 +35,8 @@ from e2e_stack import (
 from e2e_stack import quickstart_copy as make_profile
 
 from grpo_tui.headless import write_run_dir
-from grpo_tui.profile import load_profile
-from grpo_tui.roles import Plan, build_plan
+from grpo_tui.plan.profile import load_profile
+from grpo_tui.plan.roles import Plan, build_plan
 from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
 
 STEPS = 15

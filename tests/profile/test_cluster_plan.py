@@ -14,9 +14,9 @@ import pytest
 from typer.testing import CliRunner
 
 from grpo_tui.cli import app
-from grpo_tui.cluster import Allocation
-from grpo_tui.profile import load_profile
-from grpo_tui.roles import build_plan
+from grpo_tui.plan.cluster import Allocation
+from grpo_tui.plan.profile import load_profile
+from grpo_tui.plan.roles import build_plan
 from grpo_tui.supervisor.spec import ProcessSpec
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 
 from grpo_trainer.train.config import TrainerConfig
 from grpo_tui.cli import app
-from grpo_tui.launchers import GPU_ENV
-from grpo_tui.profile import load_profile
-from grpo_tui.roles import build_plan
+from grpo_tui.plan.launchers import GPU_ENV
+from grpo_tui.plan.profile import load_profile
+from grpo_tui.plan.roles import build_plan
 from grpo_tui.supervisor.spec import ProcessSpec
 
 REPO = Path(__file__).resolve().parents[2]

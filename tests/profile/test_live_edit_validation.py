@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tui.profile import load_profile
-from grpo_tui.roles import Plan, build_plan
+from grpo_tui.plan.profile import load_profile
+from grpo_tui.plan.roles import Plan, build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from grpo_tui.cli import app
-from grpo_tui.profile import ProfileError, load_profile
-from grpo_tui.roles import build_plan
+from grpo_tui.plan.profile import ProfileError, load_profile
+from grpo_tui.plan.roles import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILE = REPO / "profiles/quickstart-gpu.toml"

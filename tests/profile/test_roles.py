@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 
 from grpo_trainer.train.config import TrainerConfig
 from grpo_tui.cli import app
-from grpo_tui.profile import load_profile
-from grpo_tui.roles import Plan, build_plan
+from grpo_tui.plan.profile import load_profile
+from grpo_tui.plan.roles import Plan, build_plan
 from grpo_tui.supervisor.spec import Condition, HttpProbe, LogLineProbe
 
 REPO = Path(__file__).resolve().parents[2]

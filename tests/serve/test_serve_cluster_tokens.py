@@ -35,8 +35,8 @@ from grpo_trainer.serve.settings import (
     inference_command,
 )
 from grpo_trainer.sync.client import InferenceClient, SyncError
-from grpo_tui.profile import load_profile
-from grpo_tui.roles import build_plan
+from grpo_tui.plan.profile import load_profile
+from grpo_tui.plan.roles import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
 KEY = "run-token-5d1e"

@@ -28,8 +28,8 @@ from grpo_trainer.serve.settings import (
 from grpo_trainer.sync.client import InferenceClient, SyncError
 from grpo_trainer.sync.sglang import replace_adapter, update_from_disk
 from grpo_trainer.train.config import TrainerConfig
-from grpo_tui.profile import ProfileError, load_profile
-from grpo_tui.roles import build_plan
+from grpo_tui.plan.profile import ProfileError, load_profile
+from grpo_tui.plan.roles import build_plan
 from grpo_tui.supervisor.samplers import generation_tokens
 
 REPO = Path(__file__).resolve().parents[2]

@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 from conftest import CHILDREN, child, spec
 
-from grpo_tui.launchers import Launch, Placement, Torchrun
+from grpo_tui.plan.launchers import Launch, Placement, Torchrun
 from grpo_tui.supervisor.events import LogBatch, Restarting, State
 from grpo_tui.supervisor.spec import RestartPolicy
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_tui.profile import ProfileError, load_profile
+from grpo_tui.plan.profile import ProfileError, load_profile
 from grpo_tui.sweep.grid import apply_overrides, check_cells, expand, parse_set
 from grpo_tui.sweep.resources import (
     Resources,

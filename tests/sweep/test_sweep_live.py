@@ -8,7 +8,7 @@ from pathlib import Path
 import psutil
 from sweep_cheap import SCALES, write_profile
 
-from grpo_tui.profile import load_profile
+from grpo_tui.plan.profile import load_profile
 from grpo_tui.sweep.grid import expand, parse_set
 from grpo_tui.sweep.runner import EXIT_INTERRUPTED, SweepRunner
 from grpo_tui.sweep.store import SweepDir

@@ -14,8 +14,8 @@ from pathlib import Path
 
 from tui_stack import respec_for, stack
 
-from grpo_tui.profile import load_profile
-from grpo_tui.roles import build_plan
+from grpo_tui.plan.profile import load_profile
+from grpo_tui.plan.roles import build_plan
 from grpo_tui.supervisor.supervisor import Supervisor
 
 REPO = Path(__file__).resolve().parents[2]

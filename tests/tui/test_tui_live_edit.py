@@ -13,8 +13,8 @@ from textual.pilot import Pilot
 from textual.widgets import Input, Static
 
 from grpo_tui.app import GrpoTuiApp
-from grpo_tui.profile import load_profile
-from grpo_tui.roles import build_plan
+from grpo_tui.plan.profile import load_profile
+from grpo_tui.plan.roles import build_plan
 from grpo_tui.run_state import SUPERVISOR_LOG, RunState
 from grpo_tui.screens.live_edit import LiveEditScreen
 from grpo_tui.supervisor.spec import LogLineProbe, ProcessSpec

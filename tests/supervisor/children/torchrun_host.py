@@ -5,7 +5,7 @@ import asyncio
 import sys
 from pathlib import Path
 
-from grpo_tui.launchers import Launch, Placement, Torchrun
+from grpo_tui.plan.launchers import Launch, Placement, Torchrun
 from grpo_tui.supervisor.spec import ProcessSpec
 from grpo_tui.supervisor.supervisor import Supervisor
 

@@ -2,7 +2,7 @@
 
 A profile has a ``[run]`` table (name, weight-sync mode, model, output directory,
 ``exit_with``, seed), role tables (``[api]``, ``[inference]``, ``[trainer]``, ``[[env]]``)
-that ``grpo_tui.roles`` expands into process specs, and ``[process.<name>]`` tables for any
+that ``grpo_tui.plan.roles`` expands into process specs, and ``[process.<name>]`` tables for any
 other process, holding every ``ProcessSpec`` field. Every problem is reported as a
 ``Problem`` naming the file, the key path (``trainer.lr``, ``process.reward.depends_on.x``)
 and the line, so that a person can fix all of them in one pass.

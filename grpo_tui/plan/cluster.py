@@ -5,7 +5,7 @@ nodes with ``gpus_per_node`` GPUs each (``grpo-tui sbatch`` asks for exactly tha
 role table may say where its process goes: ``node`` (the first node it uses, 1-based in
 the allocation), ``nodes`` (how many) and ``gpus_per_node``. The supervisor stays on the
 allocation's first node; each role becomes one ``srun`` job step there (see
-``grpo_tui.launchers``). This module is the pure part: settings, fit checks, node
+``grpo_tui.plan.launchers``). This module is the pure part: settings, fit checks, node
 addresses and the plan a person reads in ``grpo-tui check``. Torch-free.
 """
 

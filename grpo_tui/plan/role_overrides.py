@@ -4,7 +4,7 @@ The supervisor asks the role layer to rebuild a role's spec with new arguments (
 a crash restart, a mode switch, a restart with settings changed) or to take a live edit
 (``edit``). Either is validated like the profile and applied to the layer's state, which
 is snapshotted first and restored on any refusal, so a bad request changes nothing.
-Mixed into :class:`grpo_tui.roles.RoleLayer`, whose state and spec builders it uses.
+Mixed into :class:`grpo_tui.plan.roles.RoleLayer`, whose state and spec builders it uses.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from grpo_trainer.live_edits import EDITABLE, record_edit, unknown_keys
 from grpo_trainer.serve.settings import LORA_MODES, InferenceSettings, Mode
 from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.resume import read_checkpoint, resolve_resume
-from grpo_tui.placement import GpuPlan
+from grpo_tui.plan.placement import GpuPlan
 from grpo_tui.supervisor.spec import ProcessSpec
 
 MODES: tuple[str, ...] = get_args(Mode)

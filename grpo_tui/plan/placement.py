@@ -5,7 +5,7 @@ there are several); ``[inference] gpus = [2, 3]`` is the inference server's
 ``CUDA_VISIBLE_DEVICES``, which vLLM spreads over with ``tensor_parallel_size`` x
 ``data_parallel_size``. Without ``gpus`` a role runs as it always did (``device`` says
 where). This module finds every placement problem a profile can have, each naming its key,
-and turns the keys into one :class:`~grpo_tui.launchers.Placement` per role. Torch-free.
+and turns the keys into one :class:`~grpo_tui.plan.launchers.Placement` per role. Torch-free.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from typing import Annotated, Any
 from pydantic import Field, TypeAdapter, ValidationError
 
 from grpo_trainer.serve.settings import GpuIndices, InferenceSettings
-from grpo_tui.launchers import Placement
-from grpo_tui.profile import Problem, Profile
+from grpo_tui.plan.launchers import Placement
+from grpo_tui.plan.profile import Problem, Profile
 
 GPUS = TypeAdapter(GpuIndices)
 RANKS = TypeAdapter(Annotated[int, Field(ge=1, strict=True)])

@@ -30,7 +30,7 @@ from grpo_trainer.serve.settings import (
 from grpo_trainer.sync.restart import restarts_inference
 from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.memory_fit import fit_problem, footprint, param_count, read_model_config
-from grpo_tui.cluster import (
+from grpo_tui.plan.cluster import (
     Allocation,
     ClusterSettings,
     NodePlacement,
@@ -38,9 +38,9 @@ from grpo_tui.cluster import (
     fit_problems,
     split_placement,
 )
-from grpo_tui.launchers import Launch, Placement, Srun, TorchrunNodes, launcher_for, step_name
-from grpo_tui.placement import GpuPlan, plan_gpus, trainer_gpus, trainer_ranks
-from grpo_tui.profile import (
+from grpo_tui.plan.launchers import Launch, Placement, Srun, TorchrunNodes, launcher_for, step_name
+from grpo_tui.plan.placement import GpuPlan, plan_gpus, trainer_gpus, trainer_ranks
+from grpo_tui.plan.profile import (
     KeyPath,
     Problem,
     Profile,
@@ -49,7 +49,7 @@ from grpo_tui.profile import (
     expand_depends_on,
     validate_process_tables,
 )
-from grpo_tui.role_overrides import TRAINER_WIRED, RoleOverrides
+from grpo_tui.plan.role_overrides import TRAINER_WIRED, RoleOverrides
 from grpo_tui.supervisor.control import ControlEndpoint
 from grpo_tui.supervisor.spec import (
     Condition,

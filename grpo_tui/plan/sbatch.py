@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from grpo_tui.roles import Plan
+from grpo_tui.plan.roles import Plan
 
 
 def script_path(plan: Plan) -> Path:

@@ -20,7 +20,7 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict
 
-from grpo_tui.cluster import NodePlacement
+from grpo_tui.plan.cluster import NodePlacement
 
 GPU_ENV: dict[str, str] = {
     "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
