@@ -24,6 +24,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from grpo_tui.plan.roles import Plan
+from grpo_tui.stack.stack import GrpoStack
 from grpo_tui.supervisor.bus import Subscription
 from grpo_tui.supervisor.events import (
     Event,
@@ -242,14 +243,8 @@ class HeadlessRun:
 
     async def run(self) -> int:
         run_dir = self.plan.run_dir
-        supervisor = Supervisor(
-            self.plan.specs,
-            run_dir,
-            exit_with=self.plan.exit_with,
-            respec=self.plan.respec,
-            editor=self.plan.edit,
-            control=self.plan.roles.control_endpoint,
-        )
+        stack = GrpoStack.from_plan(self.plan)  # answers the GRPO requests of the socket
+        supervisor = stack.supervisor
         self.console.print(
             f"[bold]grpo-tui run[/] {escape(str(self.plan.profile.path))} -> "
             f"{escape(str(run_dir))} (mode {self.plan.roles.mode}, "
