@@ -1,5 +1,6 @@
-"""The GRPO stack's mode switch over a real supervisor: inference restarts in the new mode,
-the trainer checkpoints, stops and resumes; the rest keeps running."""
+"""The GRPO stack over a real supervisor: in a mode switch inference restarts in the new
+mode, the trainer checkpoints, stops and resumes, the rest keeps running; the stack's
+control requests are registered once."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from conftest import child, free_port, spec
 from grpo_tui.stack.stack import GrpoStack
 from grpo_tui.supervisor.events import State
 from grpo_tui.supervisor.spec import Shutdown, TcpProbe
+from grpo_tui.supervisor.supervisor import Supervisor
 
 
 async def test_switch_mode_restarts_inference_then_trainer_keeping_the_rest(supervise) -> None:
@@ -116,3 +118,10 @@ async def test_trainer_may_restart_inference_while_it_stops_for_a_switch(supervi
     assert h.sup.status()["trainer"].state == State.READY
     stopped = next(e for e in h.changes("trainer") if e.new == State.STOPPED)
     assert stopped.exit_code == 0
+
+
+def test_a_request_action_has_one_handler(tmp_path) -> None:
+    sup = Supervisor([spec("a", [sys.executable, "-c", "pass"])], tmp_path / "run")
+    GrpoStack(sup)
+    with pytest.raises(ValueError, match="action 'edit' already has a handler"):
+        GrpoStack(sup)
