@@ -327,6 +327,10 @@ class Supervisor:
         await self.wait_ready(trainer)
         note(f"mode {mode} active")
 
+    def notice(self, message: str, level: str = "info") -> None:
+        """Publish a notice (shown by every face, kept in ``events.jsonl``)."""
+        self._notice(message, level)
+
     def subscribe(self, *, max_pending: int = 10_000) -> Subscription:
         return self._bus.subscribe(max_pending)
 
