@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,17 +21,14 @@ from pathlib import Path
 
 import psutil
 import pytest
+from required_tools import require
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "profiles" / "quickstart.toml"
 DEADLINE = 300.0
-EXITED = re.compile(r"GRPO-TUI-EXITED \d+")
+EXITED = re.compile(r"GRPO-TUI-EXITED (\d+)")
 GRPO_TUI = Path(sys.executable).with_name("grpo-tui")
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 def free_port() -> int:
@@ -90,6 +86,7 @@ class Terminal:
 
 @pytest.fixture
 def terminal(tmp_path: Path) -> Iterator[Terminal]:
+    require("tmux")
     session = f"grpo-tui-test-{os.getpid()}"
     command = f"cd {tmp_path} && {GRPO_TUI} {profile_copy(tmp_path)}; echo GRPO-TUI-EXITED $?"
     tmux = Terminal(session)
@@ -137,7 +134,9 @@ def test_quickstart_dashboard_in_tmux(terminal: Terminal, tmp_path: Path) -> Non
     )
     if "Quit?" in screen:
         terminal.press("y")
-    terminal.wait("the app exited", lambda text: EXITED.search(text) is not None)
+    screen = terminal.wait("the app exited", lambda text: EXITED.search(text) is not None)
+    exited = EXITED.search(screen)
+    assert exited is not None and exited.group(1) == "0", f"grpo-tui did not exit 0:\n{screen}"
     shell = terminal.shell_pid
     leftovers = [
         p for p in ours(tmp_path) if p.pid != shell and p.is_running() and p.status() != "zombie"
