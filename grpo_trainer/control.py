@@ -16,6 +16,7 @@ import json
 import os
 import queue
 import socket
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -259,6 +260,14 @@ class SupervisorLink:
         if pending is not None:
             pending.reply = message
             pending.done.set()
+
+
+def report_event(link: SupervisorLink | None, level: str, message: str) -> None:
+    """Something a person should see: stderr (the process's log) and, when a supervisor
+    runs us, its event log (``info``/``warning``/``error``)."""
+    print(f"[{level}] {message}", file=sys.stderr, flush=True)
+    if link is not None:
+        link.send_event(level, message)
 
 
 def _line(record: dict[str, Any]) -> bytes:

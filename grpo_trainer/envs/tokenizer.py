@@ -45,7 +45,12 @@ class FastTokenizer:
         template = template_file.read_text() if template_file.exists() else None
         template = template or config.get("chat_template")
         special = {k: v for k, v in config.items() if k.endswith("_token") and isinstance(v, str)}
-        return cls(Tokenizer.from_file(str(path / "tokenizer.json")), template, special)
+        file = path / "tokenizer.json"
+        try:
+            tokenizer = Tokenizer.from_file(str(file))
+        except Exception as exc:  # the tokenizers library raises a bare Exception
+            raise ValueError(f"{file}: the tokenizers library cannot read it: {exc}") from exc
+        return cls(tokenizer, template, special)
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False).ids
@@ -89,17 +94,28 @@ def load_prompt_tokenizer(name_or_path: str) -> PromptTokenizer:
     if (path / "tokenizer.json").is_file():
         return FastTokenizer.from_dir(path)
     if not path.exists():
-        try:
-            from huggingface_hub import snapshot_download
+        from huggingface_hub import snapshot_download
+        from huggingface_hub.utils import (
+            HFValidationError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
 
+        try:
             local = snapshot_download(
                 name_or_path,
                 allow_patterns=["tokenizer.json", "tokenizer_config.json", "chat_template.jinja"],
             )
-            if (Path(local) / "tokenizer.json").is_file():
-                return FastTokenizer.from_dir(Path(local))
-        except Exception:  # no hub access or no such repo: let transformers say why
-            pass
+        except (
+            HFValidationError,  # not a repo id (a mistyped local path)
+            LocalEntryNotFoundError,  # no hub access, and not in the cache
+            RepositoryNotFoundError,  # no such repo, or gated
+            RevisionNotFoundError,
+        ):
+            return HfTokenizer(name_or_path)  # transformers says why, in its words
+        if (Path(local) / "tokenizer.json").is_file():
+            return FastTokenizer.from_dir(Path(local))
     return HfTokenizer(name_or_path)
 
 

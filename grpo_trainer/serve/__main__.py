@@ -21,10 +21,11 @@ from transformers.utils import logging as hf_logging
 
 from grpo_trainer.api.settings import is_loopback
 from grpo_trainer.models import DTYPES, load_model, load_tokenizer
-from grpo_trainer.serve.app import ServerState, create_app
+from grpo_trainer.serve.app import create_app
 from grpo_trainer.serve.engine import Engine
 from grpo_trainer.serve.lora import AdapterError, AdapterSet
 from grpo_trainer.serve.replicas import Replicas
+from grpo_trainer.serve.service import InferenceService
 from grpo_trainer.serve.settings import API_KEY_ENV
 from grpo_trainer.serve.shared import SharedWeightsError, attach_server
 from grpo_trainer.start_gate import wait_for_start
@@ -148,7 +149,7 @@ def _replicas(model: torch.nn.Module, args: argparse.Namespace) -> list[torch.nn
     return [model, *(copy.deepcopy(model) for _ in range(size - 1))]
 
 
-def build_state(args: argparse.Namespace) -> ServerState:
+def build_service(args: argparse.Namespace) -> InferenceService:
     """Load the model, attach shared weights and adapters; raise ValueError on bad input."""
     model = load_model(args.model, dtype=_dtype(args.model, args.dtype), device=args.device)
     tokenizer = load_tokenizer(args.tokenizer or args.model)
@@ -174,7 +175,7 @@ def build_state(args: argparse.Namespace) -> ServerState:
         )
         for replica in _replicas(model, args)
     ]
-    return ServerState(
+    return InferenceService(
         engines[0],
         replicas=Replicas(engines),
         served_model_name=args.served_model_name or args.model,
@@ -206,13 +207,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(2)
     wait_for_start()
     try:
-        state = build_state(args)
+        service = build_service(args)
     except (OSError, ValueError, AdapterError, SharedWeightsError) as error:
         print(f"grpo_trainer.serve: error: {error}", file=sys.stderr, flush=True)
         sys.exit(2)
-    if len(state.replicas) > 1:
-        print(f"serving {len(state.replicas)} replicas (data parallel)", flush=True)
-    app = create_app(state, api_key=args.api_key)
+    if len(service.replicas) > 1:
+        print(f"serving {len(service.replicas)} replicas (data parallel)", flush=True)
+    app = create_app(service, api_key=args.api_key)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
 
 

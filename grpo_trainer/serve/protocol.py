@@ -1,4 +1,5 @@
-"""Request bodies of the OpenAI/vLLM-compatible endpoints, validated at the edge.
+"""Request bodies of the OpenAI/vLLM-compatible endpoints, validated at the edge, and the
+refusal of a request the server will not carry out.
 
 Unknown fields are rejected (400 naming the field) rather than silently ignored: a
 sampling option this server does not implement must not change results unnoticed.
@@ -11,6 +12,14 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 MAX_LOGPROBS = 20
+
+
+class ApiError(Exception):
+    """A request the server refuses, with the HTTP status and the reason."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class CompletionRequest(BaseModel):

@@ -20,9 +20,10 @@ def make_strategy(
 ) -> WeightSync:
     """The weight-sync strategy for ``mode`` on ``context.backend``.
 
-    ``link`` is the trainer's supervisor link (restart modes; defaults to one from
-    ``GRPO_TUI_SOCKET``). Raises ``ValueError`` for an unknown mode or backend and
-    ``SyncError`` when the mode cannot run here (a restart mode without a supervisor).
+    ``link`` is the trainer's supervisor link (restart modes need it and default to one
+    from ``GRPO_TUI_SOCKET``; ``shared_vllm`` on vLLM reports a fallback there). Raises
+    ``ValueError`` for an unknown mode or backend and ``SyncError`` when the mode cannot
+    run here (a restart mode without a supervisor).
     """
     if mode not in MODES:
         raise ValueError(f"unknown weight-sync mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -44,4 +45,4 @@ def make_strategy(
         return VllmColocateSync(context)
     if context.backend == "builtin":
         return SharedFileSync(context)
-    return VllmSharedSync(context)
+    return VllmSharedSync(context, link=link)

@@ -25,7 +25,6 @@ import json
 import math
 import os
 import socket
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -34,7 +33,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from grpo_trainer.sync.base import SyncResult
+from grpo_trainer.control import SupervisorLink, report_event
+from grpo_trainer.sync.base import SyncContext, SyncResult
 from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.cuda_ipc import map_server_weights, same_gpu, share_parameters
 from grpo_trainer.sync.shared import PausedUpdateSync
@@ -54,8 +54,10 @@ def _free_port() -> int:
 class VllmSharedSync(PausedUpdateSync):
     """Picks zero-copy CUDA IPC or NCCL transfer at ``attach`` from where the trainer runs."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, context: SyncContext, *, link: SupervisorLink | None = None) -> None:
+        super().__init__(context)
+        self.link = link
+        """The trainer's supervisor link: where a fallback is reported (None: log only)."""
         self.zero_copy = False
         self._group: Any = None
         self._layout: list[tuple[str, list[int], str]] | None = None
@@ -116,7 +118,8 @@ class VllmSharedSync(PausedUpdateSync):
         """Send vLLM's smallest unfused parameter back to it, in its own layout, once.
 
         The values come from vLLM itself, so the probe changes nothing it serves. A failure
-        is printed to the trainer's log and the run sends in checkpoint format instead.
+        is a warning in the trainer's log and the run's events (naming it), and the run
+        sends in checkpoint format instead.
         """
         name, shape, dtype = min(
             (entry for entry in layout if hf_parts(entry[0]) == [entry[0]]),
@@ -133,11 +136,11 @@ class VllmSharedSync(PausedUpdateSync):
             self.end_transfer()
             return True
         except Exception as exc:  # any failure of vLLM's side means: do not use this path
-            print(
-                f"warning: vLLM's direct-copy weight update failed ({exc}); "
-                "sending weights in checkpoint format",
-                file=sys.stderr,
-                flush=True,
+            report_event(
+                self.link,
+                "warning",
+                f"vLLM's direct-copy weight update failed ({exc}); every sync sends the "
+                "weights in checkpoint format instead (vLLM reloads them layer by layer, slower)",
             )
             return False
         finally:

@@ -22,7 +22,6 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
-    FSDPModule,
     MixedPrecisionPolicy,
     OffloadPolicy,
     fully_shard,
@@ -76,8 +75,3 @@ def shard_model(
         fully_shard(layer, mesh=mesh, mp_policy=precision, offload_policy=offload)
     fully_shard(model, mesh=mesh, mp_policy=precision, offload_policy=offload)
     return model
-
-
-def is_sharded(model: nn.Module) -> bool:
-    """True for a model that ``shard_model`` sharded."""
-    return isinstance(model, FSDPModule)

@@ -7,7 +7,6 @@ import math
 
 import torch
 from torch import nn
-from torch.optim.lr_scheduler import LambdaLR
 
 
 class OptimizerUnavailable(RuntimeError):
@@ -52,20 +51,3 @@ def lr_factor(
     span = max(total_steps - warmup_steps, 1)
     progress = min((step - warmup_steps) / span, 1.0)
     return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-
-def build_scheduler(
-    optimizer: torch.optim.Optimizer,
-    *,
-    warmup_steps: int,
-    total_steps: int,
-    schedule: str,
-    floor: float,
-) -> LambdaLR:
-    """A ``LambdaLR`` over ``lr_factor``; its state_dict is saved with each checkpoint."""
-    return LambdaLR(
-        optimizer,
-        lambda step: lr_factor(
-            step, warmup_steps=warmup_steps, total_steps=total_steps, schedule=schedule, floor=floor
-        ),
-    )

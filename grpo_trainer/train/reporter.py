@@ -10,12 +10,11 @@ checkpoint folder. Records have the socket's shape: ``{"type": "metrics", "step"
 from __future__ import annotations
 
 import json
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from grpo_trainer.control import SupervisorLink
+from grpo_trainer.control import SupervisorLink, report_event
 
 
 class Reporter:
@@ -78,9 +77,7 @@ class Reporter:
 
     def event(self, level: str, message: str) -> None:
         """Something a person should see: stderr (the process log) and the event log."""
-        print(f"[{level}] {message}", file=sys.stderr, flush=True)
-        if self.link is not None:
-            self.link.send_event(level, message)
+        report_event(self.link, level, message)
 
     def close(self) -> None:
         """Flush the socket queue briefly and finish wandb."""

@@ -1,7 +1,8 @@
 """Background measurements: CPU/RSS per process tree, GPU memory (NVML), generated tokens/s.
 
 Samplers return plain events and metric values; the supervisor publishes them. NVML is
-optional: without the library, a driver or a GPU, the GPU part is silently absent.
+optional: without the library, a driver or a GPU, the GPU part is absent, and one notice
+says why.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import Any
 import httpx
 import psutil
 
-from grpo_tui.supervisor.events import Event, GpuSample, ResourceSample
+from grpo_tui.supervisor.events import Event, GpuSample, Notice, ResourceSample
 from grpo_tui.supervisor.process import ChildProcess
 
 TOKENS_COUNTERS = ("vllm:generation_tokens_total", "sglang:generation_tokens_total")
@@ -109,13 +110,15 @@ class GpuSampler:
 
     def __init__(self) -> None:
         self._nvml: Any = None
+        self.unavailable: str | None = None
+        """Why NVML cannot be used here (None when it can)."""
         try:
             import pynvml
 
             pynvml.nvmlInit()
             self._nvml = pynvml
-        except Exception:  # no library, no driver, no GPU: CPU-only sampling
-            self._nvml = None
+        except Exception as exc:  # no library, no driver, no GPU: CPU-only sampling
+            self.unavailable = f"{type(exc).__name__}: {exc}"
 
     @property
     def available(self) -> bool:
@@ -195,6 +198,7 @@ class Samplers:
         self._trees = TreeSampler()
         self._gpus = GpuSampler()
         self._rates: dict[str, TokenRate] = {}
+        self._told_no_gpu = False
 
     async def sample(
         self,
@@ -204,6 +208,10 @@ class Samplers:
         """(events to publish, metric values); ``scrape`` maps name -> its endpoint."""
         events: list[Event] = []
         values: dict[str, float] = {}
+        if self._gpus.unavailable is not None and not self._told_no_gpu:
+            self._told_no_gpu = True
+            message = f"GPU memory is not sampled: NVML is unavailable ({self._gpus.unavailable})"
+            events.append(Notice(level="info", message=message))
         gpus, per_gpu = self._gpus.sample()
         trees = self._trees.sample(children)
         holders = gpu_holders(

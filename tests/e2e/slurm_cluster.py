@@ -3,7 +3,8 @@
 
 Every node is this host (one network namespace), so two roles on different nodes must
 still use different ports. ``.ci/run`` installs slurm-wlm with apt-get where it is missing;
-without it the tests that need a cluster are skipped, saying so.
+without it the tests that need a cluster fail, saying so, unless
+``GRPO_TUI_ALLOW_MISSING_TOOLS`` names ``slurm`` (``tests/required_tools.py``).
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ import contextlib
 import os
 import random
 import re
-import shutil
 import socket
 import subprocess
 import time
@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
-import pytest
+from required_tools import require
 
 SCRIPT = Path(__file__).with_name("slurm_local.sh")
-MISSING = "slurm-wlm is not installed (.ci/run installs it: apt-get install -y slurm-wlm)"
 
 
 def _ports_free(base: int, count: int) -> bool:
@@ -81,8 +80,7 @@ class SlurmCluster:
 
 
 def start_cluster(root: Path, nodes: int = 2) -> SlurmCluster:
-    if shutil.which("slurmctld") is None or shutil.which("slurmd") is None:
-        pytest.skip(MISSING)
+    require("slurm")
     base = next(b for b in random.sample(range(20000, 40000, 20), 50) if _ports_free(b, 11 + nodes))
     env = {
         **os.environ,

@@ -4,7 +4,9 @@
 directory, fewer steps): exit 0, a clear reward rise in the run's ``metrics.jsonl``, a
 complete run directory, and no process carrying the run's ``GRPO_TUI_RUN_ID`` afterwards.
 The restart modes (``none``, ``lora_restart``) restart the inference server at every
-sync, so they sync every ``RESTART_SYNC_EVERY`` steps to keep the test short.
+sync, so the product syncs them every ``RESTART_SYNC_EVERY`` steps with ``max_sync_lag``
+``RESTART_SYNC_EVERY - 1`` (``grpo_tui.plan.roles``): no step trains on weights more than
+``RESTART_SYNC_EVERY - 1`` steps older than its own, and the test checks exactly that.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from pathlib import Path
 import pytest
 from e2e_stack import HeadlessCli, mean, quickstart_run_to_end, trainer_steps
 
+from grpo_tui.plan.roles import RESTART_SYNC_EVERY
+
 STEPS = {"shared_vllm": 30, "lora_only": 30, "none": 30, "lora_restart": 30, "colocate": 30}
 """Trainer steps per mode. Measured with the quickstart's 10 warm-up steps (5-step means;
 this test and the full quickstart, one run each): from 0.05-0.08 at step 5 to 0.20-0.37
@@ -22,8 +26,6 @@ step 30; the restart modes serve weights up to RESTART_SYNC_EVERY - 1 steps old,
 slows their rise."""
 WINDOW = 5
 """Steps averaged at each end of the reward curve."""
-
-RESTART_SYNC_EVERY = 4
 MARGIN = 0.03
 """Least rise of the mean reward, last WINDOW steps over the first WINDOW. A 5-step mean of
 128 samples a step moves by about 0.01 between runs; the least rise measured at STEPS
@@ -33,10 +35,7 @@ PROCESSES = ("model", "api", "inference", "trainer", "env")
 
 
 def overrides(mode: str) -> dict[str, dict[str, object]]:
-    trainer: dict[str, object] = {"training_steps": STEPS[mode], "checkpoint_interval": 10}
-    if mode in ("none", "lora_restart"):
-        trainer.update(sync_every=RESTART_SYNC_EVERY, max_sync_lag=RESTART_SYNC_EVERY)
-    return {"trainer": trainer}
+    return {"trainer": {"training_steps": STEPS[mode], "checkpoint_interval": 10}}
 
 
 @pytest.mark.e2e
@@ -52,8 +51,11 @@ def test_quickstart_mode_learns_and_leaves_nothing(
     steps = trainer_steps(run_dir)
     curve = [(step, data["reward/mean"]) for step, data in steps]
     if mode == "colocate":  # inference slept and woke in every step
-        assert all(data["phase/sleeping_s"] >= 0 <= data["phase/waking_s"] for _, data in steps)
+        assert all(data["phase/sleeping_s"] > 0 < data["phase/waking_s"] for _, data in steps)
     assert [step for step, _ in curve] == list(range(1, STEPS[mode] + 1))
+    if mode in ("none", "lora_restart"):  # synced every RESTART_SYNC_EVERY steps, no later
+        lags = [step - int(data["policy_version"]) for step, data in steps]
+        assert max(lags) == RESTART_SYNC_EVERY - 1, lags
     first = mean([reward for _, reward in curve[:WINDOW]])
     last = mean([reward for _, reward in curve[-WINDOW:]])
     print(f"{mode}: reward first {WINDOW} steps {first:.3f}, last {WINDOW} steps {last:.3f}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import http.server
 import json
 import socket
 import socketserver
@@ -64,17 +65,21 @@ class ModeServer:
 
 
 class SocketSupervisor:
-    """A real Unix-socket peer speaking docs/control-socket.md: answers ``restart`` requests."""
+    """A real Unix-socket peer speaking docs/control-socket.md: answers ``restart`` requests
+    and keeps the events it is sent."""
 
     def __init__(self, path: Path, restart: Callable[[dict[str, Any]], None]) -> None:
         self.path = path
         self.requests: list[dict[str, Any]] = []
+        self.events: list[dict[str, Any]] = []
         supervisor = self
 
         class Handler(socketserver.StreamRequestHandler):
             def handle(self) -> None:
                 for raw in self.rfile:
                     record = json.loads(raw)
+                    if record.get("type") == "event":
+                        supervisor.events.append(record)
                     if record.get("type") != "request":
                         continue
                     supervisor.requests.append(record)
@@ -121,3 +126,47 @@ def trainer_logprobs(model: nn.Module, prompt: list[int], completion: list[int])
     with torch.no_grad():
         out = naive_token_logprobs(model, ids, torch.ones_like(ids), torch.ones(1)).logprobs
     return out[0, len(prompt) - 1 :]
+
+
+class VllmStandIn:
+    """vLLM's weight-update endpoints as ``VllmSharedSync`` calls them, for a machine without
+    vLLM: ``layout`` answers ``grpo_weight_layout`` and ``grpo_parameter_values``, and
+    ``/start_weight_update`` is refused (400 with ``refusal``), as by a vLLM whose weight
+    transfer engine is not ready. Every request's path is kept in ``paths``."""
+
+    def __init__(self, layout: dict[str, torch.Tensor], refusal: str) -> None:
+        self.paths: list[str] = []
+        stand_in = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"null")
+                path = self.path.split("?")[0]
+                stand_in.paths.append(path)
+                status, answer = 200, {}
+                if path == "/start_weight_update":
+                    status, answer = 400, {"error": {"message": refusal}}
+                elif path == "/collective_rpc" and body["method"] == "grpo_weight_layout":
+                    entries = [[n, list(t.shape), "float32"] for n, t in layout.items()]
+                    answer = {"results": [entries]}
+                elif path == "/collective_rpc" and body["method"] == "grpo_parameter_values":
+                    answer = {"results": [layout[body["args"][0]].flatten().tolist()]}
+                data = json.dumps(answer).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
 import torch
-from sync_helpers import free_port
+from sync_helpers import SocketSupervisor, VllmStandIn, free_port
 
+from grpo_trainer.control import SupervisorLink
 from grpo_trainer.models import build_tiny_model, load_model
 from grpo_trainer.sync.base import MODES, SyncContext
 from grpo_trainer.sync.client import InferenceClient, SyncError
@@ -152,3 +154,35 @@ def test_worker_runs_vllms_direct_copy_under_no_grad(tmp_path: Path) -> None:
         worker.update_weights(info)  # vLLM's own call: the failure seen on the H200
     worker.grpo_update_weights(json.dumps(info))
     assert model.get_parameter(name).detach().tolist() == info["values"][0]
+
+
+def test_a_failed_direct_copy_probe_falls_back_and_says_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """vLLM refuses the probe's weight update: the sync sends in checkpoint format, and a
+    warning naming vLLM's reason reaches the trainer's log and the supervisor's events."""
+    model = load_model(build_tiny_model(tmp_path / "m", seed=3))
+    refusal = "weight transfer engine is not initialized"
+    vllm = VllmStandIn(vllm_layout(model), refusal)
+    supervisor = SocketSupervisor(tmp_path / "control.sock", restart=lambda args: None)
+    link = SupervisorLink(str(supervisor.path), process="trainer")
+    context = SyncContext(vllm.url, "policy", tmp_path, "vllm")
+    strategy = make_strategy("shared_vllm", context, link=link)
+    try:
+        assert isinstance(strategy, VllmSharedSync)
+        assert strategy._kernel_layout(model) is None  # None: send in checkpoint format
+        assert link.flush(timeout=10)
+        deadline = time.monotonic() + 10
+        while not supervisor.events and time.monotonic() < deadline:
+            time.sleep(0.05)  # the peer's handler thread reads what the link sent
+    finally:
+        strategy.close()
+        link.close()
+        supervisor.close()
+        vllm.close()
+    assert "/start_weight_update" in vllm.paths
+    [event] = supervisor.events
+    assert event["level"] == "warning"
+    assert "direct-copy weight update failed" in event["message"]
+    assert refusal in event["message"] and "checkpoint format" in event["message"]
+    assert f"[warning] {event['message']}" in capsys.readouterr().err

@@ -1,17 +1,19 @@
 """``grpo-tui profiles/quickstart.toml`` in a real terminal (tmux), end to end. Slow (e2e).
 
-The quickstart profile is copied with free ports and a temporary output directory (so it
-cannot collide with anything else on the machine), then run in a detached tmux session:
-the charts must show values, the restart-inference key must restart inference, and quit
-must leave none of the run's processes alive.
+The quickstart profile is copied with free ports, a temporary output directory (so it
+cannot collide with anything else on the machine) and more steps than the test lasts, then
+run in a detached tmux session: the charts must show values, the restart-inference key
+must restart inference, and quit, confirmed while the trainer runs, must leave none of the
+run's processes alive and exit 1, as a run whose trainer did not complete does
+(``docs/profiles.md``: 0 only when the ``exit_with`` process completed), saying why.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
-import shutil
 import signal
 import socket
 import subprocess
@@ -22,17 +24,16 @@ from pathlib import Path
 
 import psutil
 import pytest
+from required_tools import require
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "profiles" / "quickstart.toml"
 DEADLINE = 300.0
-EXITED = re.compile(r"GRPO-TUI-EXITED \d+")
+STEPS = 100_000
+"""Trainer steps of the copy: the run is still training when the test quits it."""
+EXITED = re.compile(r"GRPO-TUI-EXITED (\d+)")
 GRPO_TUI = Path(sys.executable).with_name("grpo-tui")
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.timeout(900),
-    pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed"),
-]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 
 def free_port() -> int:
@@ -45,6 +46,8 @@ def profile_copy(tmp_path: Path) -> Path:
     text = QUICKSTART.read_text()
     text = re.sub(r"(?m)^port = 8000", f"port = {free_port()}", text)
     text = re.sub(r"(?m)^port = 9001", f"port = {free_port()}", text)
+    text, found = re.subn(r"(?m)^training_steps = \d+", f"training_steps = {STEPS}", text)
+    assert found == 1, "the quickstart's training_steps line moved"
     text = text.replace("[run]\n", f'[run]\noutput_dir = "{tmp_path / "runs"}"\n', 1)
     path = tmp_path / "quickstart.toml"
     path.write_text(text)
@@ -90,6 +93,7 @@ class Terminal:
 
 @pytest.fixture
 def terminal(tmp_path: Path) -> Iterator[Terminal]:
+    require("tmux")
     session = f"grpo-tui-test-{os.getpid()}"
     command = f"cd {tmp_path} && {GRPO_TUI} {profile_copy(tmp_path)}; echo GRPO-TUI-EXITED $?"
     tmux = Terminal(session)
@@ -132,12 +136,18 @@ def test_quickstart_dashboard_in_tmux(terminal: Terminal, tmp_path: Path) -> Non
     )
     assert ours(tmp_path), "the run's processes should be alive before quitting"
     terminal.press("q")
-    screen = terminal.wait(
-        "quit confirmation or exit", lambda t: "Quit?" in t or EXITED.search(t) is not None
-    )
-    if "Quit?" in screen:
-        terminal.press("y")
-    terminal.wait("the app exited", lambda text: EXITED.search(text) is not None)
+    terminal.wait("quit confirmation (the trainer runs)", lambda text: "Quit?" in text)
+    terminal.press("y")
+    screen = terminal.wait("the app exited", lambda text: EXITED.search(text) is not None)
+    exited = EXITED.search(screen)
+    assert exited is not None and exited.group(1) == "1", f"grpo-tui did not exit 1:\n{screen}"
+    (events,) = (tmp_path / "runs").glob("*/events.jsonl")
+    ended = [
+        json.loads(line)["message"]
+        for line in events.read_text().splitlines()
+        if '"run ended: ' in line
+    ]
+    assert ended == ["run ended: shutdown: quit from the dashboard"], ended
     shell = terminal.shell_pid
     leftovers = [
         p for p in ours(tmp_path) if p.pid != shell and p.is_running() and p.status() != "zombie"
