@@ -1,9 +1,10 @@
 """Run-end accounting: when a supervised run ends, and with which exit code and reason.
 
 ``exit_with`` completing ends the run with 0, failing for good with 1; without it the run
-ends once every process has completed or failed for good; ``shutdown()`` ends it with 1
-(0 without ``exit_with``). The first of these decides the outcome; from then on the run is
-closing and nothing starts again.
+ends once every process has completed or failed for good; ``shutdown()`` (a stop someone
+asked for: the dashboard's quit, a control request) ends it with 0. The first of these
+decides the outcome; from then on the run is closing and nothing starts again. A run
+stopped by a signal ends with 128 + its number: the faces (headless) decide that.
 """
 
 from __future__ import annotations
@@ -59,8 +60,7 @@ class RunEnd:
         """A shutdown was asked for: closing from now on; the outcome, unless already set."""
         self.closing = True
         if self.outcome is None:
-            code = 0 if self.exit_with is None else 1
-            self.outcome = RunOutcome(code, f"shutdown: {reason}")
+            self.outcome = RunOutcome(0, f"shutdown: {reason}")
 
     def final(self) -> RunOutcome:
         """The run's outcome once it has ended (``interrupted`` if nothing decided it)."""
