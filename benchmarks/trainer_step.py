@@ -154,8 +154,13 @@ def measure_optimizers(args: argparse.Namespace) -> dict:
         out[f"{kernel}_step_s"] = sorted(times[1:])[len(times[1:]) // 2]
         finals[kernel] = [p.detach().clone() for p in model.parameters()]
         del optimizer
-    diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(*finals.values()))
-    moved = max(float((a.float() - s.float()).abs().max()) for a, s in zip(finals["fused"], start))
+    diff = max(
+        float((a.float() - b.float()).abs().max()) for a, b in zip(*finals.values(), strict=True)
+    )
+    moved = max(
+        float((a.float() - s.float()).abs().max())
+        for a, s in zip(finals["fused"], start, strict=True)
+    )
     out |= {"max_abs_diff": diff, "max_move": moved, "steps": args.steps + 1}
     return out
 
@@ -226,7 +231,8 @@ def main() -> None:
         row = json.loads(child.stdout.strip().splitlines()[-1])
         print(
             f"AdamW step: foreach {row['foreach_step_s'] * 1e3:.1f} ms, fused "
-            f"{row['fused_step_s'] * 1e3:.1f} ms ({row['foreach_step_s'] / row['fused_step_s']:.2f}x);"
+            f"{row['fused_step_s'] * 1e3:.1f} ms "
+            f"({row['foreach_step_s'] / row['fused_step_s']:.2f}x);"
             f" after {row['steps']} steps of lr 1e-5 the kernels differ by at most "
             f"{row['max_abs_diff']:.3g} (largest move {row['max_move']:.3g})"
         )

@@ -124,6 +124,11 @@ class TrainerConfig(BaseModel):
     sync_every: int = Field(1, ge=0, description="steps between syncs; 0 = never sync")
     max_sync_lag: int = Field(3, ge=0, description="max steps trained on stale weights")
     sync_retries: int = Field(3, ge=0)
+    weight_transfer_delta: bool = Field(
+        False,
+        description="shared_vllm over NCCL: send only the bf16 elements that changed since "
+        "the last sync (indices + values per bucket, checked by checksum on vLLM's side)",
+    )
 
     # reporting
     metrics_file: str | None = None

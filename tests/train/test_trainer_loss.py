@@ -152,8 +152,9 @@ def test_k3_kl_keeps_small_differences_in_float32() -> None:
 
 @pytest.fixture(scope="module")
 def tiny_policy(tmp_path_factory: pytest.TempPathFactory):
-    from grpo_trainer.models import load_model
     from train_helpers import tiny_model
+
+    from grpo_trainer.models import load_model
 
     path = tiny_model(tmp_path_factory.mktemp("tiny") / "model")
     return load_model(path, dtype="float32").double()
