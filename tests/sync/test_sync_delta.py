@@ -20,7 +20,8 @@ from gloo_ranks import join
 from sync_helpers import free_port
 
 from grpo_trainer.models import build_tiny_model, load_model
-from grpo_trainer.sync.delta import DeltaMismatch, DeltaSender, Entry, plan, receive
+from grpo_trainer.sync.delta import BUCKET_BYTES, DeltaMismatch, DeltaSender, Entry, plan, receive
+from grpo_trainer.sync.vllm_worker import SharedWeightsExtension
 from grpo_trainer.train.distributed import shutdown_distributed
 
 BUCKET = 6000  # bytes: several buckets, and the embedding (44 x 64 x 2 B) one of its own
@@ -109,3 +110,72 @@ def test_both_sides_cut_the_same_buckets() -> None:
               Entry("c", (5,), "bfloat16"), Entry("d", (5,), "float32")]  # fmt: skip
     assert [[e.name for e in b] for b in plan(layout, 100)] == [["a"], ["b"], ["c"], ["d"]]
     assert [[e.name for e in b] for b in plan(layout, 10_000)] == [["a", "b", "c"], ["d"]]
+
+
+class _GlooGroup:
+    """vLLM's PyNccl communicator's ``broadcast`` over the test's gloo group."""
+
+    def broadcast(self, tensor: torch.Tensor, src: int) -> None:
+        dist.broadcast(tensor, src=src)
+
+
+class _Worker(SharedWeightsExtension):
+    """The extension as vLLM mixes it in: ``model_runner.model`` and the transfer engine."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model_runner = type("Runner", (), {"model": model})()
+        self.weight_transfer_engine = type("Engine", (), {"model_update_group": _GlooGroup()})()
+
+
+def _extension_worker(rank: int, port: int, model_path: str, out: str) -> None:
+    """Rank 0 sends two syncs (one optimizer step apart); rank 1 is vLLM's worker and takes
+    them through ``grpo_receive_delta`` with the JSON the trainer posts."""
+    world = join(rank, port)
+    model = load_model(model_path, dtype="bfloat16" if rank == 1 else "float32")
+    layout = [Entry(n, tuple(p.shape), "bfloat16") for n, p in model.named_parameters()]
+    info = json.dumps(
+        {
+            "names": [e.name for e in layout],
+            "shapes": [list(e.shape) for e in layout],
+            "dtype_names": [e.dtype for e in layout],
+            "bucket_bytes": BUCKET_BYTES,
+        }
+    )
+    if rank == 1:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.mul_(0.5)  # vLLM holds other weights until the first sync
+    sender, worker = DeltaSender(layout), _Worker(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5)  # a few bf16 elements move
+    ids = torch.randint(5, 44, (2, 9), generator=torch.Generator().manual_seed(0))
+    written = []
+    for _ in range(2):
+        if rank == 0:
+            named = ((n, p.detach().to(torch.bfloat16)) for n, p in model.named_parameters())
+            sender.send(named, lambda t: dist.broadcast(t, src=0))
+        else:
+            written.append(worker.grpo_receive_delta(info))
+        if rank == 0:
+            optimizer.zero_grad()
+            model(input_ids=ids, labels=ids).loss.backward()
+            optimizer.step()
+    final = {}
+    for e in layout:  # rank 0's second send against what rank 1 holds now
+        back = model.get_parameter(e.name).detach().to(torch.bfloat16).clone()
+        dist.broadcast(back, src=1)
+        if rank == 0:
+            final[e.name] = bool(torch.equal(back.view(torch.int16),
+                                             sender.last[e.name].view(torch.int16)))  # fmt: skip
+    Path(out, f"ext{rank}.json").write_text(json.dumps({"written": written, "equal": final}))
+    shutdown_distributed(world)
+
+
+def test_worker_extension_applies_the_trainers_delta_bit_exact(
+    model_path: Path, tmp_path: Path
+) -> None:
+    mp.spawn(_extension_worker, args=(free_port(), str(model_path), str(tmp_path)), nprocs=2)
+    sent = json.loads((tmp_path / "ext0.json").read_text())
+    got = json.loads((tmp_path / "ext1.json").read_text())
+    assert sent["equal"] and all(sent["equal"].values())
+    total = sum(p.numel() for p in load_model(model_path).parameters())
+    assert got["written"][0] == total and 0 < got["written"][1] < total
