@@ -70,6 +70,16 @@ class VllmSharedSync(PausedUpdateSync):
         self._delta: DeltaSender | None = None
         self.last_send: SendStats | None = None
         """What the last delta sync sent (elements changed, bytes): for benchmarks."""
+        # The fixed costs of an NCCL sync, as switches (benchmarks/nccl_sync.py measures each;
+        # the defaults are what every run has used).
+        self.pause_mode = "wait"
+        """vLLM's ``/pause`` mode: ``wait`` (in-flight requests finish first), ``keep``
+        (frozen, continued after the resume, as TRL's async trainer does) or ``abort``."""
+        self.reset_after_resume = True
+        """``/reset_prefix_cache`` after ``/resume``: ``/pause`` clears the caches already."""
+        self.packed_buffer_bytes: int | None = None
+        """vLLM's packed NCCL broadcast buffer for a full sync (None: vLLM's default)."""
+        self.delta_bucket_bytes = BUCKET_BYTES
 
     def attach(self, model: nn.Module) -> nn.Module:
         """Share vLLM's weights on the same GPU, else open the NCCL transfer group."""
@@ -107,7 +117,7 @@ class VllmSharedSync(PausedUpdateSync):
             )
             return
         entries = [Entry(name, tuple(shape), dtype) for name, shape, dtype in self._layout]
-        self._delta = DeltaSender(entries, BUCKET_BYTES)
+        self._delta = DeltaSender(entries, self.delta_bucket_bytes)
 
     def _kernel_layout(self, model: nn.Module) -> list[tuple[str, list[int], str]] | None:
         """vLLM's parameter layout when every worker holds whole tensors ``model`` can fill.
@@ -249,9 +259,11 @@ class VllmSharedSync(PausedUpdateSync):
         }
 
         method = "grpo_update_weights"
+        if self.packed_buffer_bytes is not None:
+            update_info["packed_buffer_size_bytes"] = self.packed_buffer_bytes
         if self._delta is not None:
             method = "grpo_receive_delta"
-            update_info = {**update_info, "bucket_bytes": BUCKET_BYTES}
+            update_info = {**update_info, "bucket_bytes": self.delta_bucket_bytes}
 
         def server_side() -> None:
             try:
@@ -265,7 +277,7 @@ class VllmSharedSync(PausedUpdateSync):
         self._started = time.perf_counter()
         self._phases = {}
         self._failure = []
-        self.client.post("/pause", mode="wait")
+        self.client.post("/pause", mode=self.pause_mode)
         self._lap("pause")
         if self._delta is None:  # vLLM's own receive; the delta writes vLLM's tensors itself
             self.client.post(
@@ -287,9 +299,10 @@ class VllmSharedSync(PausedUpdateSync):
             group = self._group
             self.last_send = self._delta.send(stream, lambda t: group.broadcast(t, src=0))
             return
-        NCCLWeightTransferEngine.trainer_send_weights(
-            stream, {"group": self._group, "packed": True}
-        )
+        args: dict[str, Any] = {"group": self._group, "packed": True}
+        if self.packed_buffer_bytes is not None:
+            args["packed_buffer_size_bytes"] = self.packed_buffer_bytes
+        NCCLWeightTransferEngine.trainer_send_weights(stream, args)
 
     def end_transfer(self) -> dict[str, float]:
         """Wait until vLLM loaded what was sent, finish the update, resume generation.
@@ -308,7 +321,8 @@ class VllmSharedSync(PausedUpdateSync):
         finally:
             self._receiver = None
             self.client.post("/resume")
-        self.client.post("/reset_prefix_cache")
+        if self.reset_after_resume:
+            self.client.post("/reset_prefix_cache")
         self._lap("resume")
         return dict(self._phases)
 
