@@ -170,6 +170,8 @@ def measure_variants(
                 strategy._delta = None
             print(f"nccl_sync: variant {name} lr {lr}: {row}", flush=True)
             rows.append(row)
+            partial = args.out / "nccl_sync_partial.json"  # a cut call keeps these rows
+            partial.write_text(json.dumps({"variants": rows, "sparsity": sparsity}, indent=1))
     return rows
 
 
