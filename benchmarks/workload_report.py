@@ -177,7 +177,7 @@ def system_rows(args: argparse.Namespace, runs: list[Part]) -> list[str]:
 
 
 def run_rows(runs: list[Part]) -> list[str]:
-    """One row per run, in the order they ran on each lane."""
+    """One row per run (grouped by part, then lane and repeat)."""
     lines = [
         "| part | repeat | GPU | status | counted steps | step s median | steps (s) | start-up s |",
         "|---|---|---|---|---|---|---|---|",
@@ -212,7 +212,12 @@ def markdown(args: argparse.Namespace, runs: list[Part], info: dict[str, str]) -
         f"{args.completion_len}-token completions (ignore_eos), {args.dtype}, AdamW lr "
         f"{args.lr:g}, loss grpo, clip {args.clip_eps}, beta 0, micro-batch {args.micro} x "
         f"{args.prompts * args.group_size // args.micro} accumulation, no gradient "
-        f"checkpointing; {engine}, a {args.kv_cache_gib} GiB KV cache in every system's vLLM",
+        f"checkpointing; {engine}"
+        + (
+            f", a {args.kv_cache_gib} GiB KV cache in every system"
+            if args.backend == "vllm"
+            else ""
+        ),
         f"- {args.steps} optimizer steps per run, the first not counted; runs of a lane "
         "alternate between systems; start-up = from the command's start to the end of the "
         "first optimizer step, for every system",
@@ -223,8 +228,9 @@ def markdown(args: argparse.Namespace, runs: list[Part], info: dict[str, str]) -
         "",
     ]
     for floor in (p for p in runs if p.part == "floor" and p.step_times):
+        where = "CPU" if floor.gpu is None else f"GPU {floor.gpu}"
         lines.append(
-            f"Floor on GPU {floor.gpu}: generation alone {_s(floor.extra.get('generate_s'))} s "
+            f"Floor on {where}: generation alone {_s(floor.extra.get('generate_s'))} s "
             f"(runs {[round(t, 2) for t in floor.extra.get('generate_all_s', [])]}, the first "
             f"not counted), trainer alone {_s(floor.extra.get('train_s'))} s (compute per step "
             f"{[round(t, 2) for t in floor.extra.get('train_compute_s', [])]})."
