@@ -165,12 +165,12 @@ def chat_prompts(args: argparse.Namespace, count: int) -> list[list[dict[str, st
 
 
 def train_async(args: argparse.Namespace, record: dict[str, Any]) -> None:
-    import json
 
     from datasets import Dataset
     from datasets.table import InMemoryTable
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from trl.experimental.async_grpo import AsyncGRPOTrainer, packing
+    from trl_workload import step_timer
     from workload_task import trl_reward
 
     record["attention"] = "torch FlashAttention-2 (aten._flash_attention_forward), for FA3"
@@ -186,21 +186,6 @@ def train_async(args: argparse.Namespace, record: dict[str, Any]) -> None:
     record["prompt_tokens"] = sorted(
         {len(tokenizer.apply_chat_template(p, add_generation_prompt=True)) for p in prompts[:8]}
     )
-    steps: list[float] = []
-    marks = {"last": 0.0}
-
-    class StepTimer(TrainerCallback):
-        def on_step_begin(self, *_: Any, **__: Any) -> None:
-            marks["last"] = marks["last"] or time.perf_counter()
-
-        def on_step_end(self, *_: Any, **__: Any) -> None:
-            now = time.perf_counter()
-            record.setdefault("first_step_end", time.time())
-            steps.append(now - marks["last"])
-            marks["last"] = now
-            record["step_times"] = steps
-            Path(args.out).write_text(json.dumps(record, indent=1))
-
     config = async_config(args)
     started = time.perf_counter()
     trainer = AsyncGRPOTrainer(
@@ -209,7 +194,7 @@ def train_async(args: argparse.Namespace, record: dict[str, Any]) -> None:
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[StepTimer()],
+        callbacks=[step_timer(record, args.out)],
     )
     trainer.rollout_worker._loop_cls = FixedLengthLoop  # started by train(): ignore_eos
     record["config"] = {

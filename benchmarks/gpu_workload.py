@@ -581,6 +581,7 @@ def run_trl(args: argparse.Namespace, part: str, work: Path, deadline: float) ->
     env = child_env(args) | {"MASTER_PORT": str(rendezvous)}
     trainer_gpu, served_gpus = placement(args, part)
     server = None
+    proc: subprocess.Popen[bytes] | None = None
     started = time.time()
     with GpuPeak(sorted(set(trainer_gpu + served_gpus)) or None) as peak:
         try:
@@ -621,8 +622,11 @@ def run_trl(args: argparse.Namespace, part: str, work: Path, deadline: float) ->
     elif result.step_times:
         result.status = "partial: out of time"
     else:
-        result.status = "failed" if proc.returncode not in (None, -9) else "timeout"
+        code = None if proc is None else proc.returncode
+        result.status = "failed" if code not in (None, -9) else "timeout"
         result.reason = record.get("error") or tail(cell / "trl.log", 12)
+        if proc is None and server is not None:
+            result.reason = f"its vLLM server did not start: {tail(cell / 'trl-server.log', 12)}"
         result.extra["traceback"] = record.get("traceback")
     return result
 

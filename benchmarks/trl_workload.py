@@ -44,11 +44,35 @@ from typing import Any
 from workload_task import prompt_text, trl_reward
 
 
+def step_timer(record: dict[str, Any], out: str) -> Any:
+    """A ``TrainerCallback`` that records each optimizer step's wall time (generation
+    included) and the first step's end (start-up ends there) in ``record``, and rewrites
+    ``out`` after every step, so partial results survive a kill."""
+    from transformers import TrainerCallback
+
+    steps: list[float] = []
+    marks = {"last": 0.0}
+
+    class StepTimer(TrainerCallback):
+        def on_step_begin(self, *_: Any, **__: Any) -> None:
+            marks["last"] = marks["last"] or time.perf_counter()
+
+        def on_step_end(self, *_: Any, **__: Any) -> None:
+            now = time.perf_counter()
+            record.setdefault("first_step_end", time.time())
+            steps.append(now - marks["last"])
+            marks["last"] = now
+            record["step_times"] = steps
+            Path(out).write_text(json.dumps(record, indent=1))
+
+    return StepTimer()
+
+
 def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
     import torch
     from datasets import Dataset
     from datasets.table import InMemoryTable
-    from transformers import AutoTokenizer, TrainerCallback
+    from transformers import AutoTokenizer
     from trl import GRPOConfig, GRPOTrainer
 
     if not args.no_vllm:  # TRL has no flags for these: its colocated LLM gets the keywords
@@ -73,24 +97,6 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     lengths = {len(tokenizer(p, add_special_tokens=False).input_ids) for p in prompts[:8]}
     record["prompt_tokens"] = sorted(lengths)
-    steps: list[float] = []
-    marks = {"last": 0.0}
-
-    class StepTimer(TrainerCallback):
-        """Wall time of each optimizer step, generation included."""
-
-        def on_step_begin(self, *_: Any, **__: Any) -> None:
-            if not marks["last"]:
-                marks["last"] = time.perf_counter()
-
-        def on_step_end(self, *_: Any, **__: Any) -> None:
-            now = time.perf_counter()
-            record.setdefault("first_step_end", time.time())  # start-up ends here
-            steps.append(now - marks["last"])
-            marks["last"] = now
-            record["step_times"] = steps
-            Path(args.out).write_text(json.dumps(record, indent=1))  # partial results survive
-
     vllm = {} if args.no_vllm else {
         "use_vllm": True,
         "vllm_mode": "colocate",
@@ -147,7 +153,7 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
         args=config,
         train_dataset=dataset,
         processing_class=tokenizer,
-        callbacks=[StepTimer()],
+        callbacks=[step_timer(record, args.out)],
     )
     record["init_s"] = time.perf_counter() - started  # model load + vLLM start-up
     if on_gpu:
