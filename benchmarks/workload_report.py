@@ -127,6 +127,8 @@ def verdicts(runs: list[Part]) -> list[str]:
     """The issues' numbers to reach, each from same-GPU pairs of runs."""
     lines = ["Numbers to reach (ratios of step times per same-GPU pair of runs):", ""]
     for part, key, limit in FLOOR_GOALS:
+        if not any(p.part == part for p in runs) or not any(p.part == "floor" for p in runs):
+            continue
         ratios = paired(
             runs, part, "floor",
             lambda a, b, key=key: a.step / b.extra[key] if b.extra.get(key) else None,
