@@ -198,6 +198,14 @@ class TrainerConfig(BaseModel):
                 f"optimizer_impl {self.optimizer_impl!r} applies to adamw only "
                 f"(optimizer is {self.optimizer!r}): leave it at 'auto'"
             )
+        if self.weight_transfer_delta and (self.weight_bridge_mode, self.inference_backend) != (
+            "shared_vllm",
+            "vllm",
+        ):
+            problems.append(
+                "weight_transfer_delta applies to shared_vllm on vLLM (its NCCL weight transfer), "
+                f"not to {self.weight_bridge_mode} on {self.inference_backend}"
+            )
         if self.use_wandb and not self.wandb_project:
             problems.append("use_wandb needs wandb_project")
         if self.device == "cpu" and self.dtype == "float16":

@@ -51,3 +51,13 @@ def test_a_kernel_choice_is_for_adamw_only() -> None:
         )
     config = TrainerConfig.from_argv(["--model-name", "m", "--optimizer-impl", "foreach"])
     assert config.to_argv()[-2:] == ["--optimizer-impl", "foreach"]
+
+
+def test_delta_transfer_is_for_shared_vllm_on_vllm_only() -> None:
+    base = ["--model-name", "m", "--weight-transfer-delta"]
+    with pytest.raises(ConfigError, match="weight_transfer_delta applies to shared_vllm on vLLM"):
+        TrainerConfig.from_argv([*base, "--weight-bridge-mode", "none"])
+    config = TrainerConfig.from_argv(
+        [*base, "--weight-bridge-mode", "shared_vllm", "--inference-backend", "vllm"]
+    )
+    assert config.weight_transfer_delta and "--weight-transfer-delta" in config.to_argv()
