@@ -82,6 +82,7 @@ prefer_quick_escape()  # as the grpo-tui command does, before Textual is importe
 from grpo_tui.app import GrpoTuiApp
 from grpo_tui.run_state import RunState
 from grpo_tui.supervisor.spec import ProcessSpec, LogLineProbe
+from grpo_tui.stack.stack import GrpoStack
 from grpo_tui.supervisor.supervisor import Supervisor
 py = sys.executable
 printer = {str(printer)!r}
@@ -92,7 +93,7 @@ specs = [
 specs.append(ProcessSpec(name="trainer", role="trainer", command=[py, {str(metrics)!r}],
                          readiness=LogLineProbe(pattern="grpo-trainer ready")))
 sup = Supervisor(specs, Path({str(workdir / "run")!r}))
-code = GrpoTuiApp(RunState("bench", mode="none"), supervisor=sup).run()
+code = GrpoTuiApp(RunState("bench", mode="none"), stack=GrpoStack(sup)).run()
 sys.exit(code or 0)
 """
     )

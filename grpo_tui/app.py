@@ -1,4 +1,4 @@
-"""The Textual app: wires one supervisor (or a finished run's files) to the screens.
+"""The Textual app: wires one GRPO stack's supervisor (or a run's files) to the screens.
 
 One worker runs ``Supervisor.run()``, one pumps its events into a plain :class:`RunState`,
 and a 2 Hz timer copies ``Supervisor.status()`` into it; screens draw that state on their
@@ -40,8 +40,9 @@ from grpo_tui.supervisor.events import Notice
 
 if TYPE_CHECKING:
     from grpo_tui.plan.profile import Profile
+    from grpo_tui.stack.stack import GrpoStack
     from grpo_tui.supervisor.bus import Subscription
-    from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
+    from grpo_tui.supervisor.supervisor import RunOutcome
 
 STATUS_PERIOD = 0.5
 FOLLOW_PERIOD = 1.0
@@ -62,8 +63,8 @@ MUTATING_ACTIONS = frozenset(
 
 
 class RunControl(Protocol):
-    """What the dashboard's actions call: the :class:`Supervisor` it runs, or an attached
-    one's control socket (:class:`grpo_tui.attach.AttachedControl`)."""
+    """What the dashboard's actions call: the :class:`GrpoStack` it runs, or an attached
+    run's control socket (:class:`grpo_tui.attach.AttachedControl`)."""
 
     run_dir: Path
 
@@ -137,8 +138,9 @@ def read_keymap(path: Path) -> dict[str, str]:
 
 
 class GrpoTuiApp(App[int]):
-    """The dashboard over a live :class:`Supervisor`, over a followed run with ``control``
-    (``grpo-tui attach``), or read-only over a :class:`RunState`."""
+    """The dashboard over a live :class:`GrpoStack` (its supervisor runs in the app), over a
+    followed run with ``control`` (``grpo-tui attach``), or read-only over a
+    :class:`RunState`."""
 
     CSS_PATH = "app.tcss"
     TITLE = "grpo-tui"
@@ -164,7 +166,7 @@ class GrpoTuiApp(App[int]):
         self,
         state: RunState,
         *,
-        supervisor: Supervisor | None = None,
+        stack: GrpoStack | None = None,
         control: RunControl | None = None,
         clock: Callable[[], float] = time.time,
         keymap_path: Path | None = None,
@@ -174,8 +176,8 @@ class GrpoTuiApp(App[int]):
         super().__init__()
         self.state = state
         self.follow = follow
-        self.supervisor = supervisor
-        self.control: RunControl | None = supervisor if supervisor is not None else control
+        self.supervisor = stack.supervisor if stack is not None else None
+        self.control: RunControl | None = stack if stack is not None else control
         self.notice = notice
         self.clock = clock
         self.keymap_path = keymap_path or default_keymap_path()
@@ -351,7 +353,7 @@ class GrpoTuiApp(App[int]):
         self.push_screen(LiveEditScreen(), applied)
 
     async def switch_training_mode(self, mode: str) -> None:
-        """Run the supervisor's mode switch; the modal shows its progress."""
+        """Run the stack's mode switch (``GrpoStack.switch_mode``); the modal shows it."""
         assert self.control is not None
         await self.control.switch_mode(mode)
         self.state.mode = mode
@@ -420,22 +422,15 @@ def run_app(profile: Path | str | Profile, mode: str | None = None) -> int:
     from grpo_tui.headless import write_run_dir
     from grpo_tui.plan.profile import load_profile
     from grpo_tui.plan.roles import build_plan
-    from grpo_tui.supervisor.supervisor import Supervisor
+    from grpo_tui.stack.stack import GrpoStack
 
     if not _keymap_ok():
         return EXIT_BAD_INPUT
     loaded = load_profile(profile, mode=mode) if isinstance(profile, str | Path) else profile
     plan = build_plan(loaded)
     write_run_dir(plan)
-    supervisor = Supervisor(
-        plan.specs,
-        plan.run_dir,
-        exit_with=plan.exit_with,
-        respec=plan.respec,
-        editor=plan.edit,
-        control=plan.roles.control_endpoint,
-    )
-    app = GrpoTuiApp(RunState(plan.run_dir.name, mode=plan.roles.mode), supervisor=supervisor)
+    stack = GrpoStack.from_plan(plan)
+    app = GrpoTuiApp(RunState(plan.run_dir.name, mode=plan.roles.mode), stack=stack)
     result = app.run()
     return result if result is not None else app.return_code or 0
 

@@ -90,8 +90,8 @@ def supervisor_status(run_dir: Path) -> dict[str, str]:
 class AttachedControl:
     """The dashboard's actions on a supervisor it did not start, over its control socket.
 
-    The same calls as :class:`Supervisor` (``restart``, ``stop``, ``start``, ``kill``,
-    ``switch_mode``, ``edit``), each a control-socket request on one
+    The same calls as :class:`grpo_tui.stack.stack.GrpoStack` (``restart``, ``stop``,
+    ``start``, ``kill``, ``switch_mode``, ``edit``), each a control-socket request on one
     :class:`SupervisorLink`. The async ones wait in a daemon thread, so that a slow action
     never blocks the dashboard nor keeps it from exiting.
     """

@@ -7,6 +7,7 @@ imported only when asked for. Bad profiles exit 2 with one line per problem.
 from __future__ import annotations
 
 import shlex
+import sys
 import time
 from pathlib import Path
 from typing import Annotated
@@ -17,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 from typer.core import TyperGroup
 
+from grpo_tui.output import SafeStream
 from grpo_tui.plan.cluster import Allocation, plan_lines
 from grpo_tui.plan.profile import Profile, ProfileError, load_profile
 from grpo_tui.plan.roles import Plan, build_plan
@@ -30,13 +32,31 @@ SECRET_FLAGS = ("--token", "--api-token")
 
 
 class DefaultToTui(TyperGroup):
-    """``grpo-tui [PROFILE] [--mode M]`` means ``grpo-tui tui ...``: a default command."""
+    """``grpo-tui [PROFILE] [--mode M]`` means ``grpo-tui tui ...``: a default command.
+
+    A first word that is neither a command nor a profile (a bare word naming no file) is a
+    mistyped command: it goes to the group, which names it with the nearest command ("No
+    such command 'chek'. Did you mean 'check'?", exit 2) instead of reaching the dashboard
+    as a stray argument.
+    """
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         group_flags = {"--help", "-h", "--install-completion", "--show-completion"}
-        if not args or (args[0] not in self.commands and args[0] not in group_flags):
+        first = args[0] if args else None
+        if first is None or (
+            first not in self.commands
+            and first not in group_flags
+            and not _looks_like_command(first)
+        ):
             args = [DEFAULT_COMMAND, *args]
         return super().parse_args(ctx, args)
+
+
+def _looks_like_command(word: str) -> bool:
+    """A bare word that names no file: what a mistyped command looks like."""
+    if word.startswith("-") or "/" in word or "." in word:
+        return False
+    return not Path(word).exists()
 
 
 app = typer.Typer(
@@ -144,12 +164,18 @@ def tui(
     ] = None,
     mode: ModeOption = None,
 ) -> None:
-    """Open the dashboard on a profile (the default command)."""
+    """Open the dashboard on a profile (the default command); headless when stdout is not a
+    terminal (a pipe, a file, a batch job), as ``grpo-tui run``."""
     path = _default_profile(profile)
     try:
-        loaded, _ = _load(path, mode)
+        loaded, plan = _load(path, mode)
     except ProfileError as error:
         raise _fail(error) from None
+    if not sys.stdout.isatty():
+        _err().print("stdout is not a terminal: running headless (as `grpo-tui run`)")
+        from grpo_tui.headless import run_headless
+
+        raise typer.Exit(run_headless(plan))
     prefer_quick_escape()
     from grpo_tui.app import run_app
 
@@ -351,7 +377,11 @@ def sweep(
         typer.Option("--gpus", help="GPUs to share among cells (default CUDA_VISIBLE_DEVICES)."),
     ] = None,
     headless: Annotated[
-        bool, typer.Option("--headless", help="No dashboard: print progress lines.")
+        bool,
+        typer.Option(
+            "--headless",
+            help="No dashboard: print progress lines (the default when stdout is not a terminal).",
+        ),
     ] = False,
     threshold: ThresholdOption = 0.8,
 ) -> None:
@@ -407,7 +437,8 @@ def sweep(
     except SweepDirError as error:
         _err().print(f"[bold red]error[/] {escape(str(error))}")
         raise typer.Exit(EXIT_BAD_INPUT) from None
-    console = Console(highlight=False, soft_wrap=True)
+    headless = headless or not sys.stdout.isatty()
+    console = Console(file=SafeStream(sys.stdout), highlight=False, soft_wrap=True)
 
     def log(line: str) -> None:
         console.print(f"[dim]{time.strftime('%H:%M:%S')}[/] {escape(line)}")

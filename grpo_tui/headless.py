@@ -23,7 +23,9 @@ import tomli_w
 from rich.console import Console
 from rich.markup import escape
 
+from grpo_tui.output import SafeStream
 from grpo_tui.plan.roles import Plan
+from grpo_tui.stack.stack import GrpoStack
 from grpo_tui.supervisor.bus import Subscription
 from grpo_tui.supervisor.events import (
     Event,
@@ -72,6 +74,10 @@ ENDED = (State.COMPLETED, State.STOPPED, State.FAILED)
 """States whose exit code is worth printing (later transitions repeat a stale one)."""
 
 LEVEL_STYLES = {"info": "blue", "warning": "yellow", "error": "bold red"}
+
+SHUTDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""Each asks for an ordered shutdown; SIGHUP (the terminal went away) only where it is not
+ignored already (``nohup``), and the run then ends with ``128 + signal`` (130, 143, 129)."""
 
 
 def write_run_dir(plan: Plan) -> Path:
@@ -207,7 +213,7 @@ class ConsoleReport:
 class JsonLines:
     """Every event as one JSON object per line, for machines (CI, jq, log shippers)."""
 
-    def __init__(self, stream: TextIO) -> None:
+    def __init__(self, stream: SafeStream | TextIO) -> None:
         self.stream = stream
 
     def handle(self, event: Event) -> None:
@@ -234,45 +240,60 @@ class HeadlessRun:
 
     def __init__(self, plan: Plan, *, json_lines: bool = False, echo_logs: bool = False) -> None:
         self.plan = plan
-        self.json = JsonLines(sys.stdout) if json_lines else None
-        self.console = Console(stderr=json_lines, highlight=False, soft_wrap=True)
+        self.supervisor: Supervisor | None = None
+        stdout = SafeStream(sys.stdout, on_close=lambda why: self._output_closed("stdout", why))
+        self.json = JsonLines(stdout) if json_lines else None
+        human = SafeStream(sys.stderr, lambda why: self._output_closed("stderr", why))
+        self.console = Console(
+            file=human if json_lines else stdout, highlight=False, soft_wrap=True
+        )
         self.report = ConsoleReport(self.console, echo_logs=echo_logs)
         self.signalled: signal.Signals | None = None
         self._shutdown: asyncio.Task[None] | None = None
 
     async def run(self) -> int:
         run_dir = self.plan.run_dir
-        supervisor = Supervisor(
-            self.plan.specs,
-            run_dir,
-            exit_with=self.plan.exit_with,
-            respec=self.plan.respec,
-            editor=self.plan.edit,
-            control=self.plan.roles.control_endpoint,
-        )
+        stack = GrpoStack.from_plan(self.plan)  # answers the GRPO requests of the socket
+        supervisor = stack.supervisor
         self.console.print(
             f"[bold]grpo-tui run[/] {escape(str(self.plan.profile.path))} -> "
             f"{escape(str(run_dir))} (mode {self.plan.roles.mode}, "
             f"exit_with {self.plan.exit_with or '-'})",
             highlight=False,
         )
+        self.supervisor = supervisor
         subscription = supervisor.subscribe()
         consumer = asyncio.create_task(self._consume(subscription))
         ticker = asyncio.create_task(self._metrics_ticker())
         loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
+        handled = [
+            sig
+            for sig in SHUTDOWN_SIGNALS
+            if sig != signal.SIGHUP or signal.getsignal(sig) != signal.SIG_IGN
+        ]
+        for sig in handled:
             loop.add_signal_handler(sig, self._on_signal, supervisor, sig)
         try:
             outcome = await supervisor.run()
         finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in handled:
                 loop.remove_signal_handler(sig)
             ticker.cancel()
             subscription.close()
             await consumer
         self.report.metrics_line()
-        self._summary(supervisor, outcome.exit_code, outcome.reason)
-        return outcome.exit_code
+        code = outcome.exit_code if self.signalled is None else 128 + self.signalled
+        self._summary(supervisor, code, outcome.reason)
+        return code
+
+    def _output_closed(self, stream: str, why: str) -> None:
+        """Say in ``events.jsonl`` why the console went quiet; the run itself goes on."""
+        if self.supervisor is not None:
+            self.supervisor.notice(
+                f"{stream} closed ({why}): the run goes on without console output; "
+                f"its events are in {self.plan.run_dir / 'events.jsonl'}",
+                level="warning",
+            )
 
     def _on_signal(self, supervisor: Supervisor, sig: signal.Signals) -> None:
         if self.signalled is not None:

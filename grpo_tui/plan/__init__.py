@@ -1,7 +1,11 @@
 """Profile to process plan: a TOML profile becomes checked process specs for the supervisor.
 
-``profile`` reads and validates the file; ``roles`` turns its role tables into specs;
-``placement``, ``cluster`` and ``launchers`` say where each process runs and how it is
-launched there; ``sbatch`` wraps a cluster run in a batch script. Torch-free and UI-free:
+A pipeline of values. ``profile`` reads and validates the file; ``checks`` reads its role
+tables into ``settings`` (one immutable value, with every problem found); ``topology``
+says where each role runs in a weight-sync mode (``placement`` for GPUs, ``cluster`` for
+Slurm nodes, ``launchers`` for local, torchrun and srun); ``specs`` builds one process spec
+per role from those and the run's ``overrides`` (mode, served model, restart arguments,
+live edits); ``roles`` ties them into the ``Plan`` the supervisor calls back for respecs
+and edits. ``sbatch`` wraps a cluster run in a batch script. Torch-free and UI-free:
 ``grpo-tui check`` goes through here.
 """

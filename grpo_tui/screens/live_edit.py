@@ -1,6 +1,6 @@
 """The live-edit dialog (``e``): change hyperparameters while the run goes on.
 
-The user types ``key=value`` pairs; the supervisor validates them like the profile (a
+The user types ``key=value`` pairs; the stack validates them like the profile (a
 refusal is shown here with its reason, the dialog stays open), records them in the run
 directory and the event log, and each process takes them at its next step boundary.
 """

@@ -1,8 +1,8 @@
 """The mode-switch modal: says what a switch will do, then shows it happening.
 
-Confirming runs ``Supervisor.switch_mode`` in a worker; the progress pane follows the
-supervisor's event log (state changes of trainer and inference, the switch's notices)
-from the moment the switch began.
+Confirming runs ``GrpoStack.switch_mode`` (an attached run's over its socket) in a worker;
+the progress pane follows the supervisor's event log (state changes of trainer and
+inference, the switch's notices) from the moment the switch began.
 """
 
 from __future__ import annotations

@@ -98,7 +98,7 @@ class MetricsRecord(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class RequestReceived(Event):
-    """A control request from a child (e.g. the trainer asking for an inference restart)."""
+    """A control request from a child (e.g. one asking for another's restart)."""
 
     process: str
     action: str

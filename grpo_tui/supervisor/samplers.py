@@ -1,4 +1,4 @@
-"""Background measurements: CPU/RSS per process tree, GPU memory (NVML), inference tokens/s.
+"""Background measurements: CPU/RSS per process tree, GPU memory (NVML), generated tokens/s.
 
 Samplers return plain events and metric values; the supervisor publishes them. NVML is
 optional: without the library, a driver or a GPU, the GPU part is silently absent.
@@ -28,10 +28,9 @@ SCRAPE_TIMEOUT = 2.0
 
 @dataclass(frozen=True)
 class Scrape:
-    """A Prometheus endpoint to scrape: its process's role, one instance (pid) of it, and
-    when that instance became ready (its counters started from zero before then)."""
+    """A Prometheus endpoint to scrape: one instance (pid) of its process, and when that
+    instance became ready (its counters started from zero before then)."""
 
-    role: str
     url: str
     instance: int
     ready_at: float
@@ -232,10 +231,9 @@ class Samplers:
             if gpu_memory is not None:
                 values[f"process/{name}/gpu_memory_bytes"] = gpu_memory
         rates = await asyncio.gather(*(self._scrape(name, at) for name, at in scrape.items()))
-        for (name, at), rate in zip(scrape.items(), rates, strict=True):
+        for name, rate in zip(scrape, rates, strict=True):
             if rate is not None:
-                key = "inference/tokens_per_s" if at.role == "inference" else f"{name}/tokens_per_s"
-                values[key] = rate
+                values[f"{name}/tokens_per_s"] = rate
         return events, values
 
     async def _scrape(self, name: str, at: Scrape) -> float | None:

@@ -120,9 +120,10 @@ class ProcessSpec(Strict):
     """One child process: how to start it, when it is ready, how to keep it and stop it.
 
     ``metrics_url`` names a Prometheus endpoint (vLLM's ``/metrics``) that the supervisor
-    scrapes for inference throughput. ``slurm_step`` is the job-step name (``srun
-    --job-name``) of a process that runs as a Slurm step: stopping it, and the watchdog
-    after a supervisor's death, also ``scancel`` the steps of that name by id.
+    scrapes for generated tokens/s (``<name>/tokens_per_s``). ``slurm_step`` is the
+    job-step name (``srun --job-name``) of a process that runs as a Slurm step: stopping
+    it, and the watchdog after a supervisor's death, also ``scancel`` the steps of that
+    name by id.
     """
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")

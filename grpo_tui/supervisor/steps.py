@@ -81,8 +81,8 @@ def signal_steps(step_ids: Collection[str], sig: int) -> None:
     """Send ``sig`` to every task of each step (``scancel --signal``), on every node.
 
     The way to stop a step gracefully: ``srun`` itself forwards most signals, but turns a
-    SIGTERM into a forced termination (SIGKILL to the tasks), which would cost the trainer
-    its last checkpoint.
+    SIGTERM into a forced termination (SIGKILL to the tasks), which would cost a process
+    the work it saves as it stops (a last checkpoint).
     """
     if step_ids:
         command = ["scancel", "--quiet", f"--signal={int(sig)}", *step_ids]

@@ -18,6 +18,7 @@ from grpo_tui.plan.profile import load_profile
 from grpo_tui.plan.roles import build_plan
 from grpo_tui.run_files import load_run
 from grpo_tui.run_state import SUPERVISOR_LOG
+from grpo_tui.stack.stack import GrpoStack
 from grpo_tui.supervisor.spec import LogLineProbe, ProcessSpec
 from grpo_tui.supervisor.supervisor import Supervisor
 
@@ -51,7 +52,7 @@ async def test_edit_over_the_control_socket(tmp_path: Path) -> None:
         command=[sys.executable, str(CHILD)],
         readiness=LogLineProbe(pattern="grpo-trainer ready", period=0.05),
     )
-    supervisor = Supervisor([trainer], run_dir, editor=plan.edit)
+    supervisor = GrpoStack(Supervisor([trainer], run_dir), editor=plan.edit).supervisor
     run = asyncio.create_task(supervisor.run())
     log = run_dir / "logs" / "trainer.log"
     try:
@@ -71,7 +72,7 @@ async def test_edit_over_the_control_socket(tmp_path: Path) -> None:
         assert code == 2 and "expected key=value, got 'lr'" in err
 
         # kept for a restart: the trainer's spec now carries the edited value
-        command = supervisor._specs["trainer"].command
+        command = supervisor.spec("trainer").command
         assert command[command.index("--lr") + 1] == "2e-05"
         edits = json.loads((run_dir / "live_edits.json").read_text())
         assert edits["values"] == {"lr": 2e-05, "clip_eps_high": 0.28}

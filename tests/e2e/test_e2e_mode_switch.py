@@ -2,7 +2,7 @@
 ``lora_only`` (LoRA to full: the adapter is merged; full to colocate; colocate to LoRA).
 
 The real Supervisor over the real role plan of a shortened quickstart copy, in this
-process; ``Supervisor.switch_mode`` is called once the trainer has reported a few steps in
+process; ``GrpoStack.switch_mode`` is called once the trainer has reported a few steps in
 each mode. Asserted:
 
 - the trainer's step records over the whole run are exactly 1..STEPS, each once: every
@@ -37,6 +37,7 @@ from e2e_stack import quickstart_copy as make_profile
 from grpo_tui.headless import write_run_dir
 from grpo_tui.plan.profile import load_profile
 from grpo_tui.plan.roles import Plan, build_plan
+from grpo_tui.stack.stack import GrpoStack
 from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
 
 STEPS = 15
@@ -57,6 +58,7 @@ class Stack:
         self.supervisor = Supervisor(
             plan.specs, plan.run_dir, exit_with=plan.exit_with, respec=plan.respec
         )
+        self.grpo = GrpoStack(self.supervisor)
         self.task: asyncio.Task[RunOutcome] = asyncio.create_task(self.supervisor.run())
 
     def latest_step(self) -> int:
@@ -103,14 +105,13 @@ async def test_lora_to_shared_vllm_to_colocate_to_lora_keeps_steps_and_rollouts(
     stack = Stack(build_plan(load_profile(path)))
     stacks.append(stack)
     run_dir = stack.plan.run_dir
-    sup = stack.supervisor
 
     await stack.until(lambda: bool(spawns(run_dir, "trainer")), 120, "the trainer's spawn")
     run_id = run_id_of(spawns(run_dir, "trainer")[0][0])
     ended_at: list[int] = []
     for mode, step in SWITCH_AT:
         await stack.until(lambda s=step: stack.latest_step() >= s, 180, f"step {step}")
-        await sup.switch_mode(mode)
+        await stack.grpo.switch_mode(mode)
         ended_at.append(max(s for s, _ in trainer_steps(run_dir)))
     outcome = await asyncio.wait_for(stack.task, 240)
     assert outcome.exit_code == 0, outcome

@@ -144,6 +144,23 @@ def test_cpu_profile_places_roles_and_the_model_build_stays_local(tmp_path: Path
     assert token not in out, "check printed the run token"
 
 
+def test_restart_args_and_edits_keep_the_cluster_address_and_token(tmp_path: Path) -> None:
+    """A setting changed at a restart or live is validated over the cluster's defaults: the
+    servers stay reachable from the other nodes, behind the run token."""
+    plan = build_plan(load_profile(write(tmp_path, CPU_TWO_NODES)), tmp_path / "run")
+    (tmp_path / "run").mkdir()
+    token = plan.roles.spec("api").env["GRPO_API_TOKEN"]
+    api = plan.respec("api", {"max_batches_offpolicy": 3})
+    inference = plan.respec("inference", {"port": 9123})
+    _, edited = plan.edit({"max_batches_offpolicy": 2})
+    for spec in (api, inference, edited["api"]):
+        host = spec.command[spec.command.index("--host") + 1]
+        assert host == "0.0.0.0", spec.name
+        assert spec.env["VLLM_API_KEY"] == token
+    assert api.env["GRPO_API_TOKEN"] == edited["api"].env["GRPO_API_TOKEN"] == token
+    assert plan.roles.spec("trainer").env["GRPO_API_TOKEN"] == token
+
+
 @pytest.mark.parametrize(
     ("change", "key", "words"),
     [

@@ -39,7 +39,7 @@ def generate(url: str, n: int) -> int:
 
 async def sample(samplers: Samplers, server: ServerProcess, ready_at: float):
     assert server.process is not None
-    at = Scrape("inference", f"{server.base_url}/metrics", server.process.pid, ready_at)
+    at = Scrape(f"{server.base_url}/metrics", server.process.pid, ready_at)
     before = time.time()
     _, values = await samplers.sample({}, {"inference": at})
     return values.get("inference/tokens_per_s"), before, time.time()

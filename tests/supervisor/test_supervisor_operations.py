@@ -155,36 +155,3 @@ async def test_crash_restart_keeps_the_last_spec_when_respec_raises(supervise) -
     assert h.sup.recent_lines("server") == ["v1", "v1"]
     notices = [e.message for e in h.events if isinstance(e, Notice) and "respec" in e.message]
     assert len(notices) == 1 and "no adapter yet" in notices[0]
-
-
-async def test_trainer_may_restart_inference_while_it_stops_for_a_switch(supervise) -> None:
-    """In a restart mode the trainer's last step can ask for an inference restart after the
-    SIGTERM of a mode switch: that request must not wait for the switch (which waits for
-    the trainer), or the trainer is SIGKILLed at its shutdown timeout without a checkpoint."""
-    port = free_port()
-
-    def build(name: str, args: dict) -> object:
-        if name == "inference":
-            return spec(
-                "inference",
-                child("listener.py", "--port", port),
-                role="inference",
-                readiness=TcpProbe(port=port, period=0.05),
-            )
-        return spec(
-            "trainer",
-            child("asker.py", "inference"),
-            role="trainer",
-            depends_on={"inference": {"condition": "process_healthy"}},
-            readiness={"kind": "log_line", "pattern": "asker ready"},
-            shutdown=Shutdown(timeout=30),
-        )
-
-    h = supervise([build("inference", {}), build("trainer", {})], respec=build)
-    await h.state("trainer", State.READY)
-    await asyncio.wait_for(h.sup.switch_mode("lora_restart"), 20)
-    replies = [x for x in h.sup.recent_lines("trainer") if x.startswith("reply ")]
-    assert json.loads(replies[0].removeprefix("reply "))["ok"]
-    assert h.sup.status()["trainer"].state == State.READY
-    stopped = next(e for e in h.changes("trainer") if e.new == State.STOPPED)
-    assert stopped.exit_code == 0

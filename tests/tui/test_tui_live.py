@@ -22,6 +22,7 @@ from grpo_tui.run_state import LIVE_STATES, RunState
 from grpo_tui.screens.logs import LogsScreen
 from grpo_tui.screens.mode_switch import ModeSwitchScreen
 from grpo_tui.screens.quit_confirm import QuitConfirmScreen
+from grpo_tui.stack.stack import GrpoStack
 from grpo_tui.supervisor.events import State
 from grpo_tui.supervisor.spec import ProcessSpec
 from grpo_tui.supervisor.supervisor import Supervisor
@@ -41,7 +42,7 @@ def make_app(tmp_path: Path) -> Iterator[Callable[..., GrpoTuiApp]]:
         supervisor = Supervisor(specs, tmp_path / f"run{len(apps)}", respec=respec_for(specs))
         app = GrpoTuiApp(
             RunState("test-run", mode="none"),
-            supervisor=supervisor,
+            stack=GrpoStack(supervisor),
             keymap_path=tmp_path / "no-keymap.toml",
             **kwargs,
         )

@@ -17,6 +17,7 @@ from grpo_tui.plan.profile import load_profile
 from grpo_tui.plan.roles import build_plan
 from grpo_tui.run_state import SUPERVISOR_LOG, RunState
 from grpo_tui.screens.live_edit import LiveEditScreen
+from grpo_tui.stack.stack import GrpoStack
 from grpo_tui.supervisor.spec import LogLineProbe, ProcessSpec
 from grpo_tui.supervisor.supervisor import Supervisor
 
@@ -40,10 +41,10 @@ async def test_e_edits_a_running_trainer_and_shows_a_refusal(tmp_path: Path) -> 
         command=[sys.executable, str(CHILD)],
         readiness=LogLineProbe(pattern="grpo-trainer ready", period=0.05),
     )
-    supervisor = Supervisor([trainer], run_dir, editor=plan.edit)
+    supervisor = Supervisor([trainer], run_dir)
     app = GrpoTuiApp(
         RunState("edit-run", mode="none"),
-        supervisor=supervisor,
+        stack=GrpoStack(supervisor, editor=plan.edit),
         keymap_path=tmp_path / "no-keymap.toml",
     )
     async with app.run_test(size=(160, 50)) as pilot:

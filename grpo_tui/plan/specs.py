@@ -1,0 +1,236 @@
+"""Spec builders: each role's process spec from its settings, topology and overrides.
+
+Roles run in the order api -> inference -> trainer -> env(s), each with a readiness probe,
+a restart policy and a shutdown timeout that suit it. With ``model = "tiny"`` a one-shot
+``model`` process builds the tiny model into ``RUN/model`` first. A
+``[process.<role process>]`` table then adjusts the built spec (:func:`adjusted`).
+Torch-free: ``grpo-tui check`` prints these specs.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from grpo_trainer.api.settings import TOKEN_ENV
+from grpo_trainer.serve.settings import inference_command, request_model_name
+from grpo_tui.plan.launchers import Launch
+from grpo_tui.plan.overrides import Overrides
+from grpo_tui.plan.profile import KeyPath
+from grpo_tui.plan.settings import RoleSettings, env_index, require, trainer_config
+from grpo_tui.plan.topology import Topology
+from grpo_tui.supervisor.spec import (
+    Condition,
+    Dependency,
+    HttpProbe,
+    LogLineProbe,
+    ProcessSpec,
+    RestartPolicy,
+    Shutdown,
+)
+
+TRAINER_READY = r"grpo-trainer ready"
+ENV_READY = r"grpo-env registered"
+INFERENCE_KEY_ENV = "VLLM_API_KEY"
+"""The inference server's bearer token: vLLM's own variable, read by the built-in server
+and by our clients too, so one name serves both backends."""
+TRANSFER_ADDRESS_ENV = "GRPO_WEIGHT_TRANSFER_ADDRESS"
+"""Read by ``grpo_trainer.sync.vllm_shared`` (not imported here: it needs torch)."""
+
+TRAINER_SHUTDOWN = 120.0
+"""Seconds a stopping trainer (every rank) has to finish its step and checkpoint."""
+# vLLM 0.24 never ends its HTTP shutdown while requests are in flight (it aborts the engine,
+# then waits for the open connections with no timeout), so every restart-mode sync waited
+# out the whole grace before the SIGKILL: 30 of the 65 s of each restart on an H200
+# (2026-11-24). Inference holds nothing to save, so its grace is short.
+INFERENCE_SHUTDOWN = 8.0
+
+HEALTHY = Dependency(condition=Condition.HEALTHY)
+BUILT = Dependency(condition=Condition.COMPLETED)
+
+Builder = Callable[[RoleSettings, Topology, Overrides], ProcessSpec]
+
+
+def model_spec(settings: RoleSettings, topology: Topology, overrides: Overrides) -> ProcessSpec:
+    """The one-shot build of the tiny model into ``RUN/model``."""
+    build = [sys.executable, "-m", "grpo_trainer.tiny_model", "build", settings.model_path]
+    return ProcessSpec(
+        name="model",
+        role="model",
+        command=[*build, "--seed", str(settings.seed), *settings.profile.run.tiny.flags()],
+        shutdown=Shutdown(timeout=10),
+    )
+
+
+def api_spec(settings: RoleSettings, topology: Topology, overrides: Overrides) -> ProcessSpec:
+    """The rollout API: always restarted, healthy when ``/health`` answers."""
+    api = require(settings.api)
+    argv = api.model_copy(update={"token": None}).argv(run_dir=settings.run_dir)
+    launch, step = topology.step("api", Launch(argv=argv))
+    health = f"{settings.api_url}/health"
+    return ProcessSpec(
+        name="api",
+        role="api",
+        command=launch.argv,
+        slurm_step=step,
+        env=token_env(settings),
+        port=api.port,
+        readiness=HttpProbe(url=health, period=0.2, timeout=2.0),
+        liveness=HttpProbe(url=health, initial_delay=5, period=10, timeout=5, failure_threshold=3),
+        restart=RestartPolicy(policy="always", backoff_base=0.5, max_restarts=5),
+        shutdown=Shutdown(timeout=15),
+    )
+
+
+def inference_spec(settings: RoleSettings, topology: Topology, overrides: Overrides) -> ProcessSpec:
+    """The inference server in the overrides' mode, serving their model and adapter."""
+    served = require(settings.inference)
+    command = inference_command(
+        served,
+        mode=overrides.mode,
+        model=overrides.inference_model or settings.model_path,
+        adapter=overrides.adapter,
+        shared_dir=str(settings.run_dir / "shared_weights"),
+    )
+    health = f"{settings.inference_url}/health"
+    launch, step = topology.launch(
+        "inference", Launch(argv=command.argv, env=command.env), shutdown_timeout=INFERENCE_SHUTDOWN
+    )
+    return ProcessSpec(
+        name="inference",
+        role="inference",
+        command=launch.argv,
+        slurm_step=step,
+        env={**launch.env, **token_env(settings)},
+        port=served.port,
+        metrics_url=f"{settings.inference_url}/metrics",
+        depends_on=_model_deps(settings),
+        prestart=served.backend == "builtin" and launch.argv == command.argv,
+        readiness=HttpProbe(url=health, period=0.25, timeout=2.0),
+        liveness=HttpProbe(
+            url=health, initial_delay=10, period=15, timeout=10, failure_threshold=4
+        ),
+        restart=RestartPolicy(policy="always", backoff_base=1.0, max_restarts=5),
+        shutdown=Shutdown(timeout=INFERENCE_SHUTDOWN),
+    )
+
+
+def trainer_spec(settings: RoleSettings, topology: Topology, overrides: Overrides) -> ProcessSpec:
+    """The trainer in the overrides' mode: one process, or torchrun over its ranks."""
+    depends = _model_deps(settings)
+    depends.update({r: HEALTHY for r in ("api", "inference") if r in settings.roles})
+    argv = trainer_config(settings, overrides.mode).argv()
+    launch, step = topology.launch(
+        "trainer", Launch(argv=argv), shutdown_timeout=TRAINER_SHUTDOWN, ranks_per_gpu=True
+    )
+    return ProcessSpec(
+        name="trainer",
+        role="trainer",
+        command=launch.argv,
+        slurm_step=step,
+        env={**launch.env, **token_env(settings), **_transfer_env(settings)},
+        depends_on=depends,
+        prestart=launch.argv == argv,  # one local process: it reads the start gate
+        readiness=LogLineProbe(pattern=TRAINER_READY, period=0.2),
+        restart=RestartPolicy(policy="on_failure", backoff_base=1.0, max_restarts=5),
+        shutdown=Shutdown(timeout=TRAINER_SHUTDOWN),
+    )
+
+
+def env_spec(
+    settings: RoleSettings, topology: Topology, overrides: Overrides, name: str = "env"
+) -> ProcessSpec:
+    """Env process ``name``, asking inference for the model the mode serves."""
+    env = require(settings.envs[env_index(name)])
+    if settings.inference is not None:  # the adapter's request name depends on the mode
+        env = env.model_copy(
+            update={
+                "model_name": request_model_name(settings.inference, overrides.mode),
+                "prompt_copies": settings.inference.backend == "sglang",
+            }
+        )
+    depends = _model_deps(settings)
+    depends.update({r: HEALTHY for r in ("api", "inference", "trainer") if r in settings.roles})
+    command = env.command(
+        api_url=settings.api_url,
+        inference_url=settings.inference_url,
+        tokenizer=settings.model_path,
+    )
+    launch, step = topology.step(name, Launch(argv=command))
+    return ProcessSpec(
+        name=name,
+        role="env",
+        command=launch.argv,
+        slurm_step=step,
+        env=token_env(settings),
+        depends_on=depends,
+        prestart=launch.argv == command,  # every task runs grpo_trainer.envs.cli.main
+        readiness=LogLineProbe(pattern=ENV_READY, period=0.2),
+        restart=RestartPolicy(policy="on_failure", backoff_base=1.0, max_restarts=5),
+        shutdown=Shutdown(timeout=10),
+    )
+
+
+BUILDERS: dict[str, Builder] = {
+    "model": model_spec,
+    "api": api_spec,
+    "inference": inference_spec,
+    "trainer": trainer_spec,
+}
+
+
+def role_spec(
+    name: str, settings: RoleSettings, topology: Topology, overrides: Overrides
+) -> ProcessSpec:
+    """The spec of role process ``name``; raises ``ValueError`` or pydantic's
+    ``ValidationError`` for settings the overrides made invalid."""
+    if name in BUILDERS:
+        return BUILDERS[name](settings, topology, overrides)
+    return env_spec(settings, topology, overrides, name)
+
+
+def adjusted(spec: ProcessSpec, adjustment: Mapping[str, Any] | None) -> ProcessSpec:
+    """``spec`` with its ``[process.<name>]`` table applied (env and depends_on merge)."""
+    if not adjustment:
+        return spec
+    merged = spec.model_dump()
+    for key, value in adjustment.items():
+        if key in ("env", "depends_on") and isinstance(value, dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return ProcessSpec.model_validate(merged)
+
+
+def source(name: str, adjustment: Mapping[str, Any] | None) -> KeyPath:
+    """Where role process ``name``'s spec comes from in the profile (for its problems)."""
+    if set(adjustment or ()) & {"depends_on", "port"}:
+        return ("process", name)
+    if name == "model":
+        return ("run", "model")
+    if name.startswith("env"):
+        return ("env", env_index(name))
+    return (name,)
+
+
+def _model_deps(settings: RoleSettings) -> dict[str, Dependency]:
+    return {"model": BUILT} if "model" in settings.roles else {}
+
+
+def _transfer_env(settings: RoleSettings) -> dict[str, str]:
+    """On a cluster: the trainer node's address, where vLLM joins the NCCL weight group."""
+    if not settings.cluster.slurm:
+        return {}
+    return {TRANSFER_ADDRESS_ENV: settings.address("trainer")}
+
+
+def token_env(settings: RoleSettings) -> dict[str, str]:
+    """The API token (and on a cluster the inference server's, the same run token) as
+    environment variables: kept out of ``ps`` and of the plan."""
+    env = {}
+    if settings.api is not None and settings.api.token is not None:
+        env[TOKEN_ENV] = settings.api.token.get_secret_value()
+    if settings.token is not None:
+        env[INFERENCE_KEY_ENV] = settings.token
+    return env

@@ -1,0 +1,46 @@
+"""The supervisor's own measurements, every couple of seconds, through ``samplers.py``.
+
+CPU / RSS of each running process tree, GPU memory where NVML works, and the generated
+tokens/s of every ready process with a ``metrics_url`` (recorded as ``<name>/tokens_per_s``).
+Samples go out as events and as one metrics record of ``"process": "supervisor"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+
+import httpx
+
+from grpo_tui.supervisor.events import MetricsRecord
+from grpo_tui.supervisor.journal import Journal
+from grpo_tui.supervisor.lifecycle import ProcessLife
+from grpo_tui.supervisor.samplers import Samplers, Scrape
+
+SAMPLE_INTERVAL = 2.0
+
+
+async def sample_forever(
+    lives: Mapping[str, ProcessLife],
+    client: asyncio.Future[httpx.AsyncClient],
+    journal: Journal,
+) -> None:
+    """Sample every ``SAMPLE_INTERVAL`` seconds until cancelled."""
+    samplers = Samplers(await asyncio.shield(client))
+    while True:
+        running = {
+            name: life.child
+            for name, life in lives.items()
+            if life.child is not None and life.running
+        }
+        scrape = {
+            name: Scrape(life.spec.metrics_url, life.child.pid, life.ready_at)
+            for name, life in lives.items()
+            if life.spec.metrics_url and life.ready and life.child is not None
+        }
+        events, values = await samplers.sample(running, scrape)
+        for event in events:
+            journal.publish(event)
+        if values:
+            journal.record_metrics(MetricsRecord(process="supervisor", step=None, data=values))
+        await asyncio.sleep(SAMPLE_INTERVAL)

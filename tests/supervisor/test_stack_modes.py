@@ -1,0 +1,127 @@
+"""The GRPO stack over a real supervisor: in a mode switch inference restarts in the new
+mode, the trainer checkpoints, stops and resumes, the rest keeps running; the stack's
+control requests are registered once."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import pytest
+from conftest import child, free_port, spec
+
+from grpo_tui.stack.stack import GrpoStack
+from grpo_tui.supervisor.events import State
+from grpo_tui.supervisor.spec import Shutdown, TcpProbe
+from grpo_tui.supervisor.supervisor import Supervisor
+
+
+async def test_switch_mode_restarts_inference_then_trainer_keeping_the_rest(supervise) -> None:
+    port = free_port()
+    calls: list[tuple[str, dict]] = []
+    trainer_code = "import os, time\nprint('ready', os.environ['MODE'], flush=True)\ntime.sleep(60)"
+
+    def build(name: str, mode: str) -> object:
+        if name == "inference":
+            return spec(
+                "inference",
+                child("listener.py", "--port", port),
+                role="inference",
+                env={"MODE": mode},
+                readiness=TcpProbe(port=port, period=0.05),
+            )
+        return spec(
+            "trainer",
+            [sys.executable, "-c", trainer_code],
+            role="trainer",
+            env={"MODE": mode},
+            depends_on={"inference": {}},
+            readiness={"kind": "log_line", "pattern": "^ready"},
+        )
+
+    def respec(name: str, args: dict) -> object:
+        calls.append((name, dict(args)))
+        return build(name, args["mode"])
+
+    keeper = spec("env", [sys.executable, "-c", "import time; time.sleep(60)"])
+    h = supervise(
+        [build("inference", "none"), build("trainer", "none"), keeper],
+        respec=respec,
+        exit_with="trainer",
+    )
+    await h.state("trainer", State.READY)
+    env_pid = h.sup.status()["env"].pid
+    await GrpoStack(h.sup).switch_mode("lora_only")
+    # the trainer's spec first (a mode the run cannot use is refused before any stop)
+    assert calls == [("trainer", {"mode": "lora_only"}), ("inference", {"mode": "lora_only"})]
+    assert h.sup.recent_lines("trainer")[-1] == "ready lora_only"
+    assert h.sup.status()["env"].pid == env_pid
+    assert not h.run_task.done(), "stopping the trainer for a switch must not end the run"
+    stopped = next(e for e in h.changes("trainer") if e.new == State.STOPPED).t
+    restarted = [e for e in h.changes("inference") if e.new == State.STARTING][-1].t
+    assert restarted > stopped
+
+
+async def test_switch_into_a_mode_the_run_cannot_use_stops_nothing(supervise) -> None:
+    sleeper = [sys.executable, "-c", "import time\nprint('ready', flush=True)\ntime.sleep(60)"]
+    ready = {"kind": "log_line", "pattern": "^ready"}
+
+    def respec(name: str, args: dict) -> object:
+        raise ValueError("inference.weight_transfer: is 'cuda_ipc', which needs ...")
+
+    h = supervise(
+        [
+            spec("inference", sleeper, role="inference", readiness=ready),
+            spec("trainer", sleeper, role="trainer", readiness=ready),
+        ],
+        respec=respec,
+    )
+    await h.state("trainer", State.READY)
+    await h.state("inference", State.READY)
+    before = {name: status.pid for name, status in h.sup.status().items()}
+    with pytest.raises(ValueError, match="weight_transfer"):
+        await GrpoStack(h.sup).switch_mode("shared_vllm")
+    status = h.sup.status()
+    assert {name: s.pid for name, s in status.items()} == before
+    assert {s.state for s in status.values()} == {State.READY}
+
+
+async def test_trainer_may_restart_inference_while_it_stops_for_a_switch(supervise) -> None:
+    """In a restart mode the trainer's last step can ask for an inference restart after the
+    SIGTERM of a mode switch: that request must not wait for the switch (which waits for
+    the trainer), or the trainer is SIGKILLed at its shutdown timeout without a checkpoint."""
+    port = free_port()
+
+    def build(name: str, args: dict) -> object:
+        if name == "inference":
+            return spec(
+                "inference",
+                child("listener.py", "--port", port),
+                role="inference",
+                readiness=TcpProbe(port=port, period=0.05),
+            )
+        return spec(
+            "trainer",
+            child("asker.py", "inference"),
+            role="trainer",
+            depends_on={"inference": {"condition": "process_healthy"}},
+            readiness={"kind": "log_line", "pattern": "asker ready"},
+            shutdown=Shutdown(timeout=30),
+        )
+
+    h = supervise([build("inference", {}), build("trainer", {})], respec=build)
+    await h.state("trainer", State.READY)
+    await asyncio.wait_for(GrpoStack(h.sup).switch_mode("lora_restart"), 20)
+    replies = [x for x in h.sup.recent_lines("trainer") if x.startswith("reply ")]
+    assert json.loads(replies[0].removeprefix("reply "))["ok"]
+    assert h.sup.status()["trainer"].state == State.READY
+    stopped = next(e for e in h.changes("trainer") if e.new == State.STOPPED)
+    assert stopped.exit_code == 0
+
+
+def test_a_request_action_has_one_handler(tmp_path) -> None:
+    sup = Supervisor([spec("a", [sys.executable, "-c", "pass"])], tmp_path / "run")
+    GrpoStack(sup)
+    with pytest.raises(ValueError, match="action 'edit' already has a handler"):
+        GrpoStack(sup)
