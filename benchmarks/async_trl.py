@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -124,33 +123,15 @@ class FixedLengthLoop(_AsyncRolloutLoop):
 def async_config(args: argparse.Namespace) -> Any:
     """TRL's ``AsyncGRPOConfig`` for the workload (module docstring: what differs and why)."""
     from trl.experimental.async_grpo import AsyncGRPOConfig
+    from trl_workload import shared_settings
 
-    batch = args.prompts * args.group_size
     return AsyncGRPOConfig(
-        output_dir=str(Path(args.out).with_suffix("")) + "-run",
-        per_device_train_batch_size=args.micro_batch,
-        gradient_accumulation_steps=batch // args.micro_batch,
-        num_generations=args.group_size,
-        max_completion_length=args.completion_len,
-        temperature=1.0,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",
-        max_grad_norm=1.0,
-        epsilon=args.clip_eps,
-        epsilon_high=args.clip_eps,
-        max_steps=args.steps,
-        bf16=torch.cuda.is_available(),
-        use_cpu=not torch.cuda.is_available(),
-        gradient_checkpointing=False,
+        **shared_settings(args, torch.cuda.is_available()),
         model_init_kwargs={"dtype": "bfloat16"},
         vllm_server_base_url=args.server_url,
         vllm_server_timeout=300.0,
         token_budget=0,
         max_staleness=args.max_staleness,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=0,
     )
 
 

@@ -68,6 +68,32 @@ def step_timer(record: dict[str, Any], out: str) -> Any:
     return StepTimer()
 
 
+def shared_settings(args: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
+    """What both TRL trainers (``GRPOConfig``, ``AsyncGRPOConfig``) take from the workload:
+    the batch, lengths, optimizer, clip and steps of ours, no checkpoints, no reporting."""
+    return {
+        "output_dir": str(Path(args.out).with_suffix("")) + "-run",
+        "per_device_train_batch_size": args.micro_batch,
+        "gradient_accumulation_steps": args.prompts * args.group_size // args.micro_batch,
+        "num_generations": args.group_size,
+        "max_completion_length": args.completion_len,
+        "temperature": 1.0,
+        "learning_rate": args.lr,
+        "lr_scheduler_type": "constant",
+        "max_grad_norm": 1.0,
+        "epsilon": args.clip_eps,
+        "epsilon_high": args.clip_eps,
+        "max_steps": args.steps,
+        "bf16": on_gpu,
+        "use_cpu": not on_gpu,
+        "gradient_checkpointing": False,
+        "logging_steps": 1,
+        "save_strategy": "no",
+        "report_to": "none",
+        "seed": 0,
+    }
+
+
 def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
     import torch
     from datasets import Dataset
@@ -89,7 +115,6 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
         vllm_generation.LLM = with_extra
 
     rng = random.Random(0)
-    batch = args.prompts * args.group_size
     prompts = [prompt_text(rng, args.prompt_len) for _ in range(args.prompts * (args.steps + 1))]
     # A given fingerprint: datasets would otherwise hash the Arrow table with dill, which
     # fails on newer pyarrow types (PicklingError: MonthDayNano, datasets 5.2 + pyarrow 26).
@@ -107,32 +132,14 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
     fixed = {"ignore_eos": True} if not args.no_vllm else {"min_new_tokens": args.completion_len}
     on_gpu = torch.cuda.is_available() and not args.no_vllm
     config = GRPOConfig(
-        output_dir=str(Path(args.out).with_suffix("")) + "-run",
-        per_device_train_batch_size=args.micro_batch,
-        gradient_accumulation_steps=batch // args.micro_batch,
-        num_generations=args.group_size,
-        max_completion_length=args.completion_len,
-        temperature=1.0,
-        learning_rate=args.lr,
-        lr_scheduler_type="constant",
+        **shared_settings(args, on_gpu),
         warmup_steps=0,
-        max_grad_norm=1.0,
         loss_type=args.loss_type,
-        epsilon=args.clip_eps,
-        epsilon_high=args.clip_eps,
         beta=args.beta,
         num_iterations=1,
-        max_steps=args.steps,
-        bf16=on_gpu,
-        use_cpu=not on_gpu,
-        gradient_checkpointing=False,
         model_init_kwargs={"dtype": "bfloat16" if on_gpu else "float32"},
         generation_kwargs=fixed,
         shuffle_dataset=False,
-        logging_steps=1,
-        save_strategy="no",
-        report_to="none",
-        seed=0,
         **vllm,
     )
     record["enforce_eager"] = args.enforce_eager

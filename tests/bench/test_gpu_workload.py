@@ -18,8 +18,8 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import gpu_workload  # noqa: E402
-from workload_report import Part, combine, markdown, save  # noqa: E402
 from model_shapes import qwen2_config  # noqa: E402
+from workload_report import Part, combine, markdown, save  # noqa: E402
 from workload_task import PROMPT_CHARS, Workload  # noqa: E402
 
 from grpo_trainer.models import build_tiny_tokenizer  # noqa: E402
