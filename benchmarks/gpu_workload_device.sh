@@ -2,7 +2,7 @@
 # ONE device call: benchmarks/gpu_workload.py in lanes that run side by side, one lane per
 # GPU (or per pair of GPUs for the two-GPU parts). A lane is size:GPU[:part,part,...]; GPU
 # is N or A+B. Each lane runs its parts one after the other, GPU_WORKLOAD_ARGS (e.g.
-# "--repeats 2") times, alternating; everything ends inside GPU_TOTAL (default 560 s; the
+# "--repeats 2") times, alternating; everything ends inside GPU_TOTAL (default 575 s; the
 # call's limit is 600). Each lane rewrites $OUT/lane-<GPU>.json after every run, so a lane
 # or the call cut at its deadline still returns what it measured.
 # Before: the vLLM parts in /root/vv/part-* (docs/gpu.md), and here: .whl (tomli_w) and
@@ -17,7 +17,7 @@ OUT=${OUT:-/tmp/gpu_out}
 WORK=${GPU_WORKLOAD_WORK:-/tmp/gpu_workload}
 mkdir -p "$OUT" "$WORK"
 exec > >(tee -a "$OUT/gpu_workload.log") 2>&1
-TOTAL=${GPU_TOTAL:-560}
+TOTAL=${GPU_TOTAL:-575}
 source benchmarks/gpu_setup.sh
 if ! python3 -c "import trl, datasets" 2>/dev/null; then  # a warm machine may have them
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
@@ -35,7 +35,7 @@ for name in names:
         found[name] = "missing"
 print("versions", found, "| cuda devices", torch.cuda.device_count())
 PY
-budget=$((TOTAL - SECONDS - 30))
+budget=$((TOTAL - SECONDS - 25))
 LANES=${GPU_WORKLOAD_LANES:-0.5b:0:sync,trl-best 0.5b:1:trl-best,sync 0.5b:2+3:split,trl-async}
 echo "gpu_workload_device: $LANES with ${budget}s each from $(date -u +%T)"
 pids=()
