@@ -254,6 +254,8 @@ def measure_sync(shape: str, work: Path, args: argparse.Namespace) -> dict[str, 
         result["served_after_sync"] = served_ok(server.base_url, settings.served_model_name)
     finally:
         server.stop(timeout=30)
+        strategy = model = None  # the raw broadcast's ranks need this GPU's memory next
+        torch.cuda.empty_cache()
     return result
 
 
