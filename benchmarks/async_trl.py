@@ -100,15 +100,28 @@ def reference_attention(
 
 
 def check_kernel(device: str) -> float:
-    """Largest difference of ``flash_attn_varlen`` against the reference on a small tree."""
+    """Largest difference of ``flash_attn_varlen`` against the reference on a small tree,
+    in the output and in the gradients of queries, keys and values (TRL trains through it).
+    """
     g = torch.Generator(device="cpu").manual_seed(0)
     cu_q, cu_k = [0, 5, 8, 12], [0, 5, 13, 17]  # a prompt, then two branches of it
     q = torch.randn(12, 4, 64, generator=g).to(device, torch.bfloat16)
     k, v = (torch.randn(17, 2, 64, generator=g).to(device, torch.bfloat16) for _ in range(2))
+    weight = torch.randn(12, 4, 64, generator=g).to(device)
     tq, tk = (torch.tensor(c, device=device, dtype=torch.int32) for c in (cu_q, cu_k))
-    got = flash_attn_varlen(q, k, v, tq, tk, 5, 8, causal=True)
-    want = reference_attention(q.float(), k.float(), v.float(), cu_q, cu_k)
-    return float((got.float() - want).abs().max())
+    diffs = []
+    results = []
+    for ours in (True, False):
+        inputs = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+        if ours:
+            out = flash_attn_varlen(*inputs, tq, tk, 5, 8, causal=True).float()
+        else:
+            out = reference_attention(*(t.float() for t in inputs), cu_q, cu_k)
+        (out * weight).sum().backward()
+        results.append([out.detach(), *(t.grad.float() for t in inputs)])
+    for got, want in zip(*results, strict=True):
+        diffs.append(float((got - want).abs().max() / want.abs().max().clamp(min=1e-6)))
+    return max(diffs)
 
 
 class FixedLengthLoop(_AsyncRolloutLoop):
@@ -155,7 +168,7 @@ def train_async(args: argparse.Namespace, record: dict[str, Any]) -> None:
     from workload_task import trl_reward
 
     record["attention"] = "torch FlashAttention-2 (aten._flash_attention_forward), for FA3"
-    record["attention_check_max_diff"] = check_kernel("cuda")
+    record["attention_check_max_diff"] = check_kernel("cuda")  # relative, output and grads
     if record["attention_check_max_diff"] > 0.05:
         raise RuntimeError(f"attention substitute is off: {record['attention_check_max_diff']}")
     packing._flash_attn = lambda: argparse.Namespace(flash_attn_varlen_func=flash_attn_varlen)
@@ -165,7 +178,10 @@ def train_async(args: argparse.Namespace, record: dict[str, Any]) -> None:
     tokenizer.chat_template = CHAT_TEMPLATE
     tokenizer.padding_side = "left"
     record["prompt_tokens"] = sorted(
-        {len(tokenizer.apply_chat_template(p, add_generation_prompt=True)) for p in prompts[:8]}
+        {
+            len(tokenizer.apply_chat_template(p, add_generation_prompt=True, return_dict=False))
+            for p in prompts[:8]
+        }
     )
     config = async_config(args)
     started = time.perf_counter()
