@@ -1,54 +1,45 @@
-"""GRPO at a real workload on one GPU: the floor, grpo-tui and TRL side by side (issue 15).
+"""GRPO at a real workload: the floor, grpo-tui and TRL side by side (issues 15, 31).
 
 A GSM8K-shaped step with no downloads: a Qwen2.5-0.5B or 1.5B shape at random init (real
 vocabulary of 151,936, bf16), ``--prompts`` 64 x ``--group-size`` 8 sequences per step,
 128-token prompts and 256-token completions of fixed length (``ignore_eos`` everywhere, so
 every system does the same work), one synthetic reward (``workload_task.digit_share``).
-Everything of one size runs on the one GPU ``--device cuda:N`` names, one part after the
-other, in priority order, each inside what is left of ``--budget``:
+A lane (``--device cuda:N``, or ``cuda:A+B`` for the two-GPU parts) runs its ``--parts``
+one after the other, ``--repeats`` times, alternating (A B A B ...), each inside what is
+left of ``--budget`` and its own cap; the lane's JSON (``--json``) is rewritten after every
+run, so a lane killed at its deadline keeps what it measured.
 
-  a. floor     vLLM generating the batch alone (one server start; the batch sent as our
-               environments send it: 64 concurrent requests, n = 8) and our trainer step
-               alone on that batch (``python -m grpo_trainer.train --batches-file``)
-  b. sync      ``grpo-tui run``, ``shared_vllm``, ``max_batches_offpolicy = 0`` (synchronous)
-  c. trl       TRL ``GRPOTrainer`` with vLLM colocate (``trl_workload.py``), same settings
-  d. overlap   ``grpo-tui run``, ``shared_vllm``, ``max_batches_offpolicy = 1`` (one step
-               of overlap: the next batch is generated while this one trains)
-  e. lora      ``grpo-tui run``, ``lora_only``, synchronous
-  f. trl-server  TRL's vLLM server mode: not run on one GPU (its NCCL weight transfer
-               needs the server on a GPU of its own), said so in the table
-  g. colocate  ``grpo-tui run``, ``colocate``
+One GPU:
 
-Two GPUs (a lane naming two, ``--device cuda:0+1``; issue 13's comparison, same model and
-global batch, both on the same two GPUs one after the other):
+  floor     vLLM generating the batch alone (64 concurrent requests, n = 8) and our trainer
+            step alone on that batch (``python -m grpo_trainer.train --batches-file``)
+  sync      ``grpo-tui run``, ``shared_vllm``, synchronous (``max_batches_offpolicy = 0``)
+  trl-best  TRL ``GRPOTrainer``, vLLM colocate, ``vllm_importance_sampling_correction``
+            off (TRL at its best for throughput: no extra forward over the batch)
+  trl       the same at TRL's defaults (the correction on)
+  overlap   ``grpo-tui run``, ``shared_vllm``, one step of overlap: 1-step off-policy
+  lora      ``grpo-tui run``, ``lora_only``, synchronous
+  colocate  ``grpo-tui run``, ``colocate``
 
-  h. split      ``grpo-tui run``, ``shared_vllm``: the trainer alone on the first GPU, vLLM
-                alone on the second, weights over NCCL (``weight_transfer = "nccl"``), one
-                step of overlap (``max_batches_offpolicy = 1``: generation on one GPU while
-                the other trains, what this layout is for)
-  i. colocate2  ``grpo-tui run``, ``colocate``: an FSDP2 trainer of 2 ranks and vLLM with
-                ``data_parallel_size`` 2, one rank and one replica per GPU, synchronous
-                (the replicas sleep while the ranks train)
+Two GPUs (a lane naming two; the trainer on the first, vLLM on the second):
 
-Their tokens/s are also given per GPU (both use two), and colocate2 / split per GPU against
-the goal of 1.3x. On CPU (``--quick``) colocate2 runs 2 gloo ranks and 2 built-in replicas,
-and split the built-in ``shared_vllm`` in one process (no NCCL there): a plumbing check.
+  split      ``grpo-tui run``, ``shared_vllm``, weights over NCCL, one step of overlap
+  trl-async  TRL ``AsyncGRPOTrainer``, ``max_staleness = 1``, its ``vllm serve`` on the second
+             GPU, weights over NCCL (``async_trl.py``)
+  colocate2  ``grpo-tui run``, ``colocate``, 2 FSDP2 ranks + 2 vLLM replicas, synchronous
 
-A part that does not fit in what is left is written "not run: out of time", never dropped.
-Step times are wall-clock intervals between consecutive optimizer steps (the first step is
-warm-up and not counted), so generation, data wait, training and sync are all inside;
-end-to-end tokens/s = completion tokens per step / step time. GPU memory is the GPU's peak
-used memory during the part (NVML; the GPU holds nothing else).
+Settings shared by every system: vLLM with CUDA graphs (``--eager`` for the second table),
+a ``--kv-cache-gib`` KV cache (TRL's colocated vLLM gets ``kv_cache_memory_bytes`` too),
+``--max-num-seqs`` = the batch. Step times are wall-clock intervals between consecutive
+optimizer steps, the first step not counted (``--steps 11``: 10 counted); start-up is from
+the command's start to the end of the first optimizer step, for every system. The report
+(``workload_report.py``) pairs runs on the same GPUs and repeat for every ratio.
 
-    python benchmarks/gpu_workload.py --size 0.5b --device cuda:0 --out OUT --budget 510
-    python benchmarks/gpu_workload.py --size 0.5b --device cuda:0+1 --parts split colocate2 \
-        --out OUT
+    python benchmarks/gpu_workload.py --size 0.5b --device cuda:0 --parts sync trl-best \\
+        --repeats 1 --out /tmp/w --json OUT/lane-0.json --budget 540
     python benchmarks/gpu_workload.py --size 0.5b --out /tmp/w --dry-run     # profiles, check
     python benchmarks/gpu_workload.py --quick --out /tmp/w                   # CPU, tiny
-    python benchmarks/gpu_workload.py --combine OUT/gpu_workload_*.json > results.md
-
-Writes ``gpu_workload_<size>.md`` and ``.json`` to ``--out`` (and ``work-<size>/`` with
-the run directories and logs).
+    python benchmarks/gpu_workload.py --combine OUT/lane-*.json > results.md
 """
 
 from __future__ import annotations
@@ -66,7 +57,6 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +64,7 @@ import psutil
 import tomli_w
 from gpu_modes import _lines, facts, free_ports, run_id_of, sweep, tail, vllm_cli
 from model_shapes import qwen2_config
+from workload_report import PARTS, TWO_GPU_PARTS, Part, combine, save
 from workload_task import PROMPT_CHARS, Workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -82,49 +73,14 @@ SIZES = {"0.5b": ("qwen2.5-0.5b", 32), "1.5b": ("qwen2.5-1.5b", 16)}
 """Size -> (shape in model_shapes.py, sequences per micro-batch: activations of one
 micro-batch without gradient checkpointing stay well under the GPU beside vLLM)."""
 MIB = 1024 * 1024
-PARTS = ("floor", "sync", "trl", "overlap", "lora", "trl-server", "colocate", "split", "colocate2")
-TWO_GPU_PARTS = ("split", "colocate2")
-"""Parts that take both GPUs of a two-GPU lane (``--device cuda:A+B``)."""
-GOAL_TWO_GPUS = 1.3
-"""Issue 13: colocate on both GPUs >= 1.3x the split layout's tokens/s per GPU."""
-NEEDS = {"floor": 120, "sync": 90, "trl": 120, "overlap": 90, "lora": 90, "colocate": 90}
-NEEDS |= {"split": 100, "colocate2": 110}
-"""Seconds a part needs at least (start-ups included) to be worth starting."""
-CAPS = {"floor": 200, "sync": 160, "trl": 200, "overlap": 160, "lora": 220, "colocate": 160}
-CAPS |= {"split": 180, "colocate2": 200}
-"""Seconds a part may take at most, so that one that hangs leaves time to the next."""
-TRL_SERVER_REASON = (
-    "not run: TRL's server mode pushes weights over NCCL from the trainer to a server on "
-    "another GPU (NCCL refuses two ranks on one GPU); every system here is measured on one GPU"
-)
-
-
-@dataclass
-class Part:
-    """One measured part: its step times and what it used, or why it has none."""
-
-    part: str
-    system: str
-    status: str = "not run: out of time"
-    reason: str = ""
-    step_times: list[float] = field(default_factory=list)
-    startup_s: float | None = None
-    gpu_peak_mib: float | None = None
-    gpu: int | None = None
-    """The GPU it ran on (a size's parts may be spread over GPUs of one host, one call)."""
-    gpus: list[int] = field(default_factory=list)
-    """Every GPU it used, when more than one (``split``, ``colocate2``)."""
-    extra: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def step(self) -> float | None:
-        """Median step time, warm-up excluded (``step_times`` hold measured steps only)."""
-        return statistics.median(self.step_times) if self.step_times else None
-
-    @property
-    def devices(self) -> int:
-        """How many GPUs (on CPU: rank slots) the part takes: tokens/s per GPU divide by it."""
-        return 2 if self.part in TWO_GPU_PARTS else 1
+NEEDS = {"floor": 120, "sync": 120, "trl": 150, "trl-best": 150, "overlap": 120, "lora": 150}
+NEEDS |= {"colocate": 120, "split": 130, "trl-async": 150, "colocate2": 150}
+"""Seconds a part needs at least (start-up and 11 steps) to be worth starting."""
+CAPS = {"floor": 220, "sync": 300, "trl": 330, "trl-best": 300, "overlap": 260, "lora": 420}
+CAPS |= {"colocate": 300, "split": 260, "trl-async": 300, "colocate2": 330}
+"""Seconds a part may take at most (its deadline), so that one that hangs leaves time to
+the next: start-up (60-100 s with CUDA graphs) and 11 steps at the step times of
+benchmarks/results/gpu_workload.md with a margin."""
 
 
 # ------------------------------------------------------------------------- setup
@@ -250,7 +206,7 @@ def placement(args: argparse.Namespace, part: str) -> tuple[list[int], list[int]
     if args.gpu is None:
         return [], []
     first, *rest = args.gpus
-    if part == "split":
+    if part in ("split", "trl-async"):
         return [first], rest[:1]
     if part == "colocate2":
         return list(args.gpus), list(args.gpus)
@@ -267,7 +223,7 @@ def inference_table(args: argparse.Namespace, port: int, part: str = "floor") ->
         table |= {
             "gpus": placement(args, part)[1],
             "gpu_memory_utilization": args.vllm_memory,
-            "enforce_eager": not args.cuda_graphs,
+            "enforce_eager": args.eager,
             "vllm_executable": vllm_cli(),
             "max_lora_rank": 16,
             # A fixed KV cache: no free-memory profiling beside the trainer, and room for
@@ -493,7 +449,7 @@ def run_grpo(args: argparse.Namespace, part: str, work: Path, deadline: float) -
     trainer_gpus, inference_gpus = placement(args, part)
     used = sorted(set(trainer_gpus + inference_gpus))
     result.gpus = used if len(used) > 1 else []
-    cell = work / part
+    cell = work / f"{part}-{args.repeat}"
     cell.mkdir(parents=True, exist_ok=True)
     ports = free_ports(2, first=21000 + 1000 * (args.gpu or 0) + 10 * PARTS.index(part))
     profile = cell / "profile.toml"
@@ -563,220 +519,119 @@ def two_gpu_label(args: argparse.Namespace, part: str) -> str:
     return ""
 
 
-def run_trl(args: argparse.Namespace, work: Path, deadline: float) -> Part:
-    """TRL GRPOTrainer with vLLM colocate (``trl_workload.py``) in its own process group."""
-    how = "vLLM colocate" if args.backend == "vllm" else "transformers generate (CPU check)"
-    result = Part("trl", f"TRL GRPOTrainer, {how}")
-    out = work / "trl.json"
+TRL_LABELS = {
+    "trl-best": "TRL GRPOTrainer, vLLM colocate, IS correction off",
+    "trl": "TRL GRPOTrainer, vLLM colocate, TRL defaults (IS correction on)",
+    "trl-async": "TRL AsyncGRPOTrainer, max_staleness 1, vllm serve on the second GPU",
+}
+
+
+def trl_argv(args: argparse.Namespace, part: str, out: Path) -> list[str]:
+    """``trl_workload.py``'s command line for one TRL part."""
     argv = [sys.executable, str(REPO / "benchmarks/trl_workload.py"), "--model", str(args.model)]
     argv += ["--out", str(out), "--prompts", str(args.prompts)]
     argv += ["--group-size", str(args.group_size), "--prompt-len", str(args.prompt_len)]
     argv += ["--completion-len", str(args.completion_len), "--micro-batch", str(args.micro)]
     argv += ["--steps", str(args.steps), "--lr", str(args.lr), "--clip-eps", str(args.clip_eps)]
     argv += ["--vllm-gpu-memory-utilization", str(args.trl_vllm_memory)]
+    argv += ["--kv-cache-gib", str(args.kv_cache_gib)]
+    if part == "trl-best":
+        argv.append("--no-is-correction")
+    if part == "trl-async":
+        argv += ["--mode", "async", "--max-staleness", "1"]
     if args.backend != "vllm":
         argv.append("--no-vllm")
-    elif not args.cuda_graphs:
+    elif args.eager:
         argv.append("--enforce-eager")
+    return argv
+
+
+def trl_server(args: argparse.Namespace, work: Path, gpu: int) -> Any:
+    """``vllm serve`` for ``AsyncGRPOTrainer`` on ``gpu``: our command builder's vLLM line
+    (same KV cache, max-num-seqs, CUDA graphs or not), with TRL's requirements: dev mode,
+    NCCL weight transfer, and the model path as served name (TRL requests that name)."""
+    from grpo_trainer.serve.launch import ServerProcess
+    from grpo_trainer.serve.settings import InferenceSettings, inference_command
+
+    port = free_ports(1, first=24000 + 100 * gpu)[0]
+    table = {k: v for k, v in inference_table(args, port).items() if k != "gpus"}
+    table["extra_args"] = [*table["extra_args"], "--weight-transfer-config", '{"backend": "nccl"}']
+    settings = InferenceSettings.model_validate(table)
+    launch = inference_command(settings, mode="none", model=str(args.model))
+    argv = list(launch.argv)
+    argv[argv.index("--served-model-name") + 1] = str(args.model)
+    env = {**launch.env, **_gpu_env(args), "CUDA_VISIBLE_DEVICES": str(gpu)}
+    env["VLLM_SERVER_DEV_MODE"] = "1"
+    launch = launch.model_copy(update={"argv": argv, "env": env})
+    return ServerProcess(launch, settings.base_url, work / "trl-server.log")
+
+
+def run_trl(args: argparse.Namespace, part: str, work: Path, deadline: float) -> Part:
+    """One TRL run (``trl_workload.py``) in its own process group; ``trl-async`` starts
+    its vLLM server on the lane's second GPU first (start-up counts from there)."""
+    how = TRL_LABELS[part] if args.backend == "vllm" else "TRL, transformers generate (CPU check)"
+    result = Part(part, how)
+    cell = work / f"{part}-{args.repeat}"
+    cell.mkdir(parents=True, exist_ok=True)
+    out = cell / "trl.json"
+    argv = trl_argv(args, part, out)
     # TRL's one-process torch.distributed group listens on MASTER_PORT (29500 by default):
     # TRL in lanes on other GPUs of the same call would clash there.
     rendezvous = free_ports(1, first=29500 + 10 * (args.gpu or 0))[0]
     env = child_env(args) | {"MASTER_PORT": str(rendezvous)}
-    with GpuPeak(args.gpu) as peak, (work / "trl.log").open("wb") as log:
-        proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
-            start_new_session=True,
-        )  # fmt: skip
+    trainer_gpu, served_gpus = placement(args, part)
+    server = None
+    proc: subprocess.Popen[bytes] | None = None
+    started = time.time()
+    with GpuPeak(sorted(set(trainer_gpu + served_gpus)) or None) as peak:
         try:
-            proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            pass
+            if part == "trl-async":
+                result.gpus = [*trainer_gpu, *served_gpus]
+                server = trl_server(args, cell, served_gpus[0])
+                server.start(timeout=max(60.0, deadline - time.monotonic() - 60))
+                env |= {"CUDA_VISIBLE_DEVICES": str(trainer_gpu[0])}
+                argv += ["--server-url", server.base_url]
+            with (cell / "trl.log").open("wb") as log:
+                proc = subprocess.Popen(
+                    argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO,
+                    start_new_session=True,
+                )  # fmt: skip
+            try:
+                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            finally:
+                stop_group(proc)
         finally:
-            stop_group(proc)
+            if server is not None:
+                server.stop()
     result.gpu_peak_mib = peak.peak
     record: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         record = json.loads(out.read_text())
     times = [float(t) for t in record.get("step_times", [])]
     result.step_times = times[1:]
-    result.startup_s = record.get("init_s")
-    result.extra = {k: record.get(k) for k in ("trl", "datasets", "config", "prompt_tokens")}
+    if record.get("first_step_end"):
+        result.startup_s = float(record["first_step_end"]) - started
+    keys = ("trl", "datasets", "config", "prompt_tokens", "init_s", "attention")
+    result.extra = {k: record.get(k) for k in keys if k in record}
     result.extra["completion_len"] = record.get("completion_mean_length")
     result.extra["peak_memory_gb"] = record.get("peak_memory_gb")
-    if record.get("status") == "ok" and result.step_times:
+    if record.get("status") == "ok" and len(times) >= args.steps:
         result.status = "ok"
     elif result.step_times:
         result.status = "partial: out of time"
     else:
-        result.status = "failed" if proc.returncode not in (None, -9) else "timeout"
-        result.reason = record.get("error") or tail(work / "trl.log", 12)
+        code = None if proc is None else proc.returncode
+        result.status = "failed" if code not in (None, -9) else "timeout"
+        result.reason = record.get("error") or tail(cell / "trl.log", 12)
+        if proc is None and server is not None:
+            result.reason = f"its vLLM server did not start: {tail(cell / 'trl-server.log', 12)}"
         result.extra["traceback"] = record.get("traceback")
     return result
 
 
-# ------------------------------------------------------------------------- report
-
-
-def _s(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.2f}"
-
-
-def tokens_per_s(args: argparse.Namespace, seconds: float | None) -> float | None:
-    """Completion tokens per step over the step time."""
-    if not seconds:
-        return None
-    return args.prompts * args.group_size * args.completion_len / seconds
-
-
-def markdown(args: argparse.Namespace, parts: list[Part], info: dict[str, str]) -> str:
-    """This size's section of the results file."""
-    floor = next((p for p in parts if p.part == "floor"), None)
-    fsum = floor.extra.get("sum_s") if floor else None
-    fmax = floor.extra.get("max_s") if floor else None
-    engine = "vLLM with CUDA graphs" if args.cuda_graphs else "vLLM eager in every system"
-    engine = engine if args.backend == "vllm" else "built-in inference server (CPU check)"
-    lines = [
-        f"## {args.shape} at random init ({args.params / 1e9:.2f} B parameters), "
-        f"{info.get('device', '?')}, "
-        + ("CPU" if args.gpu is None else f"GPU {', '.join(map(str, gpus_of(parts, args)))}"),
-        "",
-        f"- date {info.get('date')}; torch {info.get('torch')}, transformers "
-        f"{info.get('transformers')}, vLLM {info.get('vllm')}, TRL {info.get('trl', '?')}, "
-        f"peft {info.get('peft')}, python {info.get('python')}",
-        f"- step: {args.prompts} prompts x {args.group_size} = "
-        f"{args.prompts * args.group_size} sequences, {args.prompt_len}-token prompts, "
-        f"{args.completion_len}-token completions (ignore_eos), {args.dtype}, AdamW lr "
-        f"{args.lr:g}, loss grpo, clip {args.clip_eps}, beta 0, micro-batch {args.micro} x "
-        f"{args.prompts * args.group_size // args.micro} accumulation, no gradient "
-        f"checkpointing; {engine}; "
-        f"{args.steps} steps per run, the first not counted",
-        "",
-        "| part | system | GPU | status | steps counted | step time median (s) | end-to-end "
-        "completion tok/s | per GPU | vs floor | GPU peak MiB | start-up s |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for p in parts:
-        step = p.step
-        versus = "n/a"
-        if step and p.part in ("sync", "lora", "colocate", "trl") and fsum:
-            versus = f"{step / fsum:.2f}x sum"
-        elif step and p.part == "overlap" and fmax:
-            versus = f"{step / fmax:.2f}x max"
-        elif p.part == "floor" and fsum:
-            versus = f"sum {fsum:.2f} s, max {_s(fmax)} s"
-        rate = tokens_per_s(args, step)
-        per_gpu = None if rate is None else rate / p.devices
-        status = p.status if not p.reason else f"{p.status}: {p.reason[:300]}"
-        status = status.replace("|", "/").replace("\n", " ")
-        where = "+".join(map(str, p.gpus)) if p.gpus else "-" if p.gpu is None else p.gpu
-        lines.append(
-            f"| {p.part} | {p.system} | {where} | {status} | "
-            f"{len(p.step_times)} | {_s(step)} | "
-            f"{'n/a' if rate is None else f'{rate:,.0f}'} | "
-            f"{'n/a' if per_gpu is None else f'{per_gpu:,.0f}'} | {versus} | "
-            f"{'n/a' if p.gpu_peak_mib is None else f'{p.gpu_peak_mib:,.0f}'} | "
-            f"{_s(p.startup_s)} |"
-        )
-    if floor is not None:
-        lines += [
-            "",
-            f"Floor: generation alone {_s(floor.extra.get('generate_s'))} s "
-            f"(runs {[round(t, 2) for t in floor.extra.get('generate_all_s', [])]}, the "
-            f"first not counted; completion tokens min/max "
-            f"{floor.extra.get('completion_tokens')}), trainer alone "
-            f"{_s(floor.extra.get('train_s'))} s (its compute per step "
-            f"{[round(t, 2) for t in floor.extra.get('train_compute_s', [])]}).",
-        ]
-    lines += ["", *verdicts(args, parts, fsum, fmax)]
-    return "\n".join(lines) + "\n"
-
-
-def verdicts(
-    args: argparse.Namespace, parts: list[Part], fsum: float | None, fmax: float | None
-) -> list[str]:
-    """The issue's numbers to reach, each with the measured value or why there is none."""
-    by = {p.part: p for p in parts}
-    out = ["Numbers to reach:", ""]
-
-    def line(goal: str, value: float | None, limit: float, ok: bool | None) -> None:
-        got = "not measured" if value is None else f"{value:.2f}"
-        mark = "n/a" if ok is None else ("met" if ok else "NOT met")
-        out.append(f"- {goal}: {got} (goal {limit}) -> {mark}")
-
-    sync, overlap, trl = by.get("sync"), by.get("overlap"), by.get("trl")
-    ratio = sync.step / fsum if sync and sync.step and fsum else None
-    line("sync step / floor sum", ratio, 1.15, None if ratio is None else ratio <= 1.15)
-    ratio = overlap.step / fmax if overlap and overlap.step and fmax else None
-    line("overlap step / floor max", ratio, 1.15, None if ratio is None else ratio <= 1.15)
-    ours = min((p.step for p in (sync, overlap) if p and p.step), default=None)
-    ratio = trl.step / ours if trl and trl.step and ours else None
-    line(
-        "grpo-tui shared_vllm tok/s / TRL tok/s",
-        ratio,
-        1.3,
-        None if ratio is None else ratio >= 1.3,
-    )
-    split, colocate2 = by.get("split"), by.get("colocate2")
-    if split or colocate2:  # both on the same two GPUs: per GPU the ratio of step times
-        ratio = split.step / colocate2.step if split and split.step and colocate2 and \
-            colocate2.step else None  # fmt: skip
-        line("colocate2 tok/s per GPU / split tok/s per GPU", ratio, GOAL_TWO_GPUS,
-             None if ratio is None else ratio >= GOAL_TWO_GPUS)  # fmt: skip
-    return out
-
-
-def gpus_of(parts: list[Part], args: argparse.Namespace) -> list[int]:
-    """The GPUs a size's parts ran on, in order of first use."""
-    return list(dict.fromkeys(p.gpu for p in parts if p.gpu is not None)) or [args.gpu]
-
-
-def combine(paths: list[Path]) -> str:
-    """One results file from the per-lane JSON files: one section per size, its parts from
-    every lane (GPU) of that size merged in ``PARTS`` order, so ratios to the floor hold
-    across lanes of one call."""
-    sizes: dict[str, tuple[argparse.Namespace, dict[str, str], list[Part]]] = {}
-    for path in paths:
-        raw = json.loads(path.read_text())
-        args = argparse.Namespace(**raw["args"])
-        _, info, parts = sizes.setdefault(args.size, (args, raw["facts"], []))
-        parts += [Part(**p) for p in raw["parts"]]  # ``save`` recorded each part's GPU
-    texts = []
-    for args, info, parts in sizes.values():
-        parts.sort(key=lambda p: PARTS.index(p.part))
-        texts.append(markdown(args, parts, info))
-    head = [
-        "# GRPO at a real workload: floor, grpo-tui and TRL (benchmarks/gpu_workload.py)",
-        "",
-        "Each size's parts measured in one call (`benchmarks/gpu_workload_device.sh`), one "
-        "after the other on a GPU of their own, or spread over lanes (GPUs of one host, the "
-        "column GPU) when one GPU's call time does not hold them all. Step time = wall time "
-        "between consecutive optimizer steps (generation, data wait, training, sync), the "
-        "first step excluded; tokens/s = completion tokens per step / step time.",
-        "",
-    ]
-    return "\n".join(head) + "\n" + "\n".join(texts)
-
-
 # --------------------------------------------------------------------------- main
-
-
-def save(args: argparse.Namespace, parts: list[Part], info: dict[str, str], out: Path) -> str:
-    """Write this size's JSON (every number, and the table) and markdown; returns the table."""
-    for part in parts:
-        part.gpu = args.gpu if part.gpu is None else part.gpu
-    text = markdown(args, parts, info)
-    raw = {
-        "facts": info,
-        "args": {
-            k: v if isinstance(v, int | float | str | list | None) else str(v)
-            for k, v in vars(args).items()
-        },
-        "parts": [asdict(p) for p in parts],
-        "markdown": text,
-    }
-    (out / f"gpu_workload_{args.size}.json").write_text(json.dumps(raw, indent=1, default=str))
-    (out / f"gpu_workload_{args.size}.md").write_text(text)
-    return text
 
 
 def dry_run(args: argparse.Namespace, work: Path) -> int:
@@ -809,10 +664,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="cuda:0",
         help="cuda:N (physical index), cuda:A+B (two GPUs: split, colocate2) or cpu",
     )
-    parser.add_argument("--out", type=Path, help="results folder")
+    parser.add_argument("--out", type=Path, help="work folder (models, runs, logs)")
+    parser.add_argument("--json", type=Path, help="the lane's results (default: in --out)")
     parser.add_argument("--budget", type=float, default=510.0, help="seconds for every part")
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
-    parser.add_argument("--steps", type=int, default=4, help="optimizer steps per run")
+    parser.add_argument("--repeats", type=int, default=1, help="passes over --parts")
+    parser.add_argument("--steps", type=int, default=11, help="optimizer steps per run")
     parser.add_argument("--floor-reps", type=int, default=3, help="floor generations")
     parser.add_argument("--prompts", type=int, default=64)
     parser.add_argument("--group-size", type=int, default=8)
@@ -821,10 +678,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=1e-6)
     parser.add_argument("--clip-eps", type=float, default=0.2)
     parser.add_argument(
-        "--cuda-graphs",
+        "--eager",
         action="store_true",
-        help="vLLM with torch.compile and CUDA graphs (its default) in every system; without "
-        "it every system runs vLLM eager: start-ups of ~20 s instead of ~60 s, within budget",
+        help="vLLM eager in every system (default: torch.compile and CUDA graphs, vLLM's and "
+        "TRL's default; eager start-ups are ~20 s instead of ~60 s)",
     )
     parser.add_argument("--vllm-memory", type=float, default=0.3, help="gpu_memory_utilization")
     parser.add_argument("--kv-cache-gib", type=int, default=16)
@@ -844,6 +701,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.backend = "builtin" if args.quick and not args.dry_run else "vllm"
     if args.backend == "builtin":
         args.device = "cpu"
+    args.repeat = 0  # the pass being run (main sets it)
     if args.quick:
         args.completion_len = min(args.completion_len, 8)
         args.prompts, args.steps, args.floor_reps = min(args.prompts, 2), min(args.steps, 3), 2
@@ -888,42 +746,48 @@ def main(argv: list[str] | None = None) -> int:
           f"{time.monotonic() - began:.0f} s; {info}", flush=True)  # fmt: skip
     if args.dry_run:
         return dry_run(args, work)
-    parts: list[Part] = []
+    path = args.json.resolve() if args.json else out / f"gpu_workload_{args.size}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    runs: list[Part] = []
     baselines = {gpu: gpu_used_mib(gpu) for gpu in args.gpus}
-    for name in args.parts:
-        waited = sum(wait_gpu_free(gpu, used) for gpu, used in baselines.items())
-        if waited > 1:
-            print(f"gpu_workload {args.size}: waited {waited:.0f} s for GPU memory", flush=True)
-        left = end - time.monotonic()
-        if name == "trl-server":
-            parts.append(Part(name, "TRL GRPOTrainer, vLLM server", status=TRL_SERVER_REASON))
-            continue
-        if name in TWO_GPU_PARTS and args.gpu is not None and len(args.gpus) != 2:
-            reason = f"not run: needs two GPUs (a lane such as {args.size}:0+1:{name})"
-            parts.append(Part(name, name, status=reason))
-            continue
-        if left < NEEDS[name] and not args.quick:
-            parts.append(Part(name, name, status=f"not run: out of time ({left:.0f} s left)"))
-            continue
-        print(f"gpu_workload {args.size}: {name} with {left:.0f} s left", flush=True)
-        deadline = min(end, time.monotonic() + CAPS[name] * (3 if args.quick else 1))
-        try:
-            if name == "floor":
-                result = run_floor(args, work, deadline)
-            elif name == "trl":
-                result = run_trl(args, work, deadline)
-            else:
-                result = run_grpo(args, name, work, deadline)
-        except Exception as error:  # one broken part must not cost the others
-            result = Part(name, name, status="error", reason=f"{type(error).__name__}: {error}")
-        print(f"gpu_workload {args.size}: {name} {result.status} steps {result.step_times}",
-              flush=True)  # fmt: skip
-        parts.append(result)
-        save(args, parts, info, out)  # after every part: a killed run keeps its rows
-    text = save(args, parts, info, out)
-    print(text, flush=True)
+    for repeat, name in itertools.product(range(args.repeats), args.parts):
+        args.repeat = repeat  # the run's folder and the report's pairing
+        result = run_part(args, name, work, end, baselines)
+        result.repeat = args.repeat
+        print(f"gpu_workload {args.size}: {name} #{args.repeat} {result.status} steps "
+              f"{[round(t, 2) for t in result.step_times]}", flush=True)  # fmt: skip
+        runs.append(result)
+        save(args, runs, info, path)  # after every run: a killed lane keeps its rows
+    print(save(args, runs, info, path), flush=True)
     print(f"gpu_workload {args.size}: done in {time.monotonic() - began:.0f} s", flush=True)
-    return 0 if all(p.status == "ok" for p in parts if p.part != "trl-server") else 1
+    return 0 if all(p.status == "ok" for p in runs) else 1
+
+
+def run_part(
+    args: argparse.Namespace, name: str, work: Path, end: float, baselines: dict[int, Any]
+) -> Part:
+    """One run of one part inside what is left of the budget and the part's own cap."""
+    waited = sum(wait_gpu_free(gpu, used) for gpu, used in baselines.items())
+    if waited > 1:
+        print(f"gpu_workload {args.size}: waited {waited:.0f} s for GPU memory", flush=True)
+    left = end - time.monotonic()
+    if name in TWO_GPU_PARTS and args.gpu is not None and len(args.gpus) != 2:
+        reason = f"not run: needs two GPUs (a lane such as {args.size}:0+1:{name})"
+        return Part(name, name, status=reason)
+    if name == "trl-async" and args.backend != "vllm":
+        return Part(name, name, status="not run: AsyncGRPOTrainer needs a vllm serve (GPU)")
+    if left < (20 if args.quick else NEEDS[name]):
+        return Part(name, name, status=f"not run: out of time ({left:.0f} s left)")
+    print(f"gpu_workload {args.size}: {name} #{args.repeat} with {left:.0f} s left", flush=True)
+    deadline = min(end, time.monotonic() + CAPS[name] * (3 if args.quick else 1))
+    try:
+        if name == "floor":
+            return run_floor(args, work, deadline)
+        if name in TRL_LABELS:
+            return run_trl(args, name, work, deadline)
+        return run_grpo(args, name, work, deadline)
+    except Exception as error:  # one broken part must not cost the others
+        return Part(name, name, status="error", reason=f"{type(error).__name__}: {error}")
 
 
 if __name__ == "__main__":

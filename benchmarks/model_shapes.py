@@ -47,6 +47,15 @@ SHAPES: dict[str, dict[str, Any]] = {
         "vocab_size": QWEN_VOCAB,
         "tie_word_embeddings": True,
     },
+    "qwen2.5-7b": {  # config.json of Qwen/Qwen2.5-7B-Instruct: untied head, vocabulary 152,064
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+    },
 }
 """Keyword arguments of ``transformers.Qwen2Config`` per shape name."""
 

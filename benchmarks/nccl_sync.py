@@ -10,6 +10,19 @@ link's limit) and the same per-parameter tensors one after another. One table, o
 
     python benchmarks/nccl_sync.py --out $OUT --shapes qwen2.5-0.5b qwen2.5-1.5b qwen2.5-3b
 
+``--variants`` (issue 29) measures the sync's fixed costs and the delta transfer on the
+same server, one row each (``VARIANTS``): vLLM's pause modes, the prefix-cache reset after
+the resume (``/pause`` already clears the caches), vLLM's packed broadcast buffer, and
+``weight_transfer_delta`` at the update sparsity of a real optimizer step. That sparsity is
+measured first (``update_sparsity``: a two-layer slice of the shape in float32, as FSDP2
+keeps its masters, one AdamW step at each ``--lrs`` on a real loss, the share of bf16
+elements that changed); each delta sync then follows a change of that share of the
+served model's elements (one bf16 ulp each), after a first, dense, delta sync. Overlap of
+the gather and the send is a multi-rank trainer's (``sync/sharded.py``) and not measured
+here (one trainer process holds the whole model).
+
+    python benchmarks/nccl_sync.py --out $OUT --shapes qwen2.5-7b --variants all
+
 Needs vLLM (>= 0.22, native weight transfer) and two CUDA devices; NVLink multicast off
 (``NCCL_NVLS_ENABLE=0``) in the environment, as every process of ours on these machines.
 """
@@ -29,6 +42,17 @@ from typing import Any
 from model_shapes import qwen2_config
 
 GB = 1e9
+VARIANTS: dict[str, dict[str, Any]] = {
+    "full": {},
+    "keep": {"pause_mode": "keep"},
+    "noreset": {"reset_after_resume": False},
+    "keep-noreset": {"pause_mode": "keep", "reset_after_resume": False},
+    "buffer256": {"packed_buffer_bytes": 256 << 20},
+    "delta": {"delta": True},
+    "delta-bucket64": {"delta": True, "delta_bucket_bytes": 64 << 20},
+}
+"""Sync variants: the strategy's switches (``VllmSharedSync``); ``delta`` rows run once per
+``--lrs`` value at that learning rate's measured sparsity."""
 
 
 def free_port() -> int:
@@ -54,6 +78,103 @@ def vllm_settings(args: argparse.Namespace, port: int) -> Any:
     )
 
 
+def update_sparsity(shape: str, lr: float, device: Any) -> float:
+    """Share of bf16 elements changed by one AdamW step at ``lr`` on float32 masters.
+
+    A two-layer slice of ``shape`` (its embeddings, head and two decoder layers, at the
+    shape's widths), a causal-LM loss on random tokens, one optimizer step.
+    """
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    config = qwen2_config(shape)
+    config.num_hidden_layers = 2
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(config).float()
+    before = [p.detach().to(torch.bfloat16) for p in model.parameters()]
+    ids = torch.randint(0, config.vocab_size, (4, 256), device=device)
+    model(input_ids=ids, labels=ids).loss.backward()
+    torch.optim.AdamW(model.parameters(), lr=lr).step()
+    changed = sum(
+        int((p.detach().to(torch.bfloat16).view(torch.int16) != b.view(torch.int16)).sum())
+        for p, b in zip(model.parameters(), before, strict=True)
+    )
+    total = sum(b.numel() for b in before)
+    del model, before
+    torch.cuda.empty_cache()
+    return changed / total
+
+
+def nudge(params: list[Any], fraction: float, generator: Any) -> None:
+    """Change ``fraction`` of the elements of bf16 ``params`` by one ulp (their last bit)."""
+    import torch
+
+    with torch.no_grad():
+        for p in params:
+            mask = torch.rand(p.shape, device=p.device, generator=generator) < fraction
+            words = p.view(torch.int16)
+            words[mask] = words[mask] ^ 1
+
+
+def measure_variants(
+    strategy: Any, model: Any, args: argparse.Namespace, sparsity: dict[float, float]
+) -> list[dict[str, Any]]:
+    """Each ``--variants`` row: sync times, phases, bytes sent, changed share."""
+    import torch
+
+    from grpo_trainer.sync.delta import DeltaSender, Entry
+
+    params = list(model.parameters())
+    generator = torch.Generator(device=params[0].device).manual_seed(0)
+    rows = []
+    names = list(VARIANTS) if args.variants == ["all"] else args.variants
+    for name in names:
+        knobs = dict(VARIANTS[name])
+        delta = knobs.pop("delta", False)
+        for lr in args.lrs if delta else [None]:
+            row: dict[str, Any] = {"variant": name, "lr": lr}
+            saved = {k: getattr(strategy, k) for k in knobs}
+            try:
+                for key, value in knobs.items():
+                    setattr(strategy, key, value)
+                if delta:
+                    layout = [Entry(n, tuple(s), d) for n, s, d in strategy._layout]
+                    strategy._delta = DeltaSender(layout, strategy.delta_bucket_bytes)
+                    strategy.sync(model, 0)  # the first delta sync is dense
+                    row["sparsity"] = sparsity[lr]
+                times, phases, sent = [], [], []
+                for step in range(1, args.syncs + 1):
+                    if delta:
+                        nudge(params, sparsity[lr], generator)
+                    else:
+                        with torch.no_grad():
+                            for p in params:
+                                p.add_(1e-3)
+                    torch.cuda.synchronize()
+                    outcome = strategy.sync(model, step)
+                    times.append(outcome.sync_time)
+                    phases.append(outcome.phases)
+                    if delta and strategy.last_send is not None:
+                        sent.append(strategy.last_send)
+                row["sync_s"] = times
+                row["phases"] = {k: statistics.median(p[k] for p in phases) for k in phases[0]}
+                if sent:
+                    row["bytes_sent"] = statistics.median(s.bytes_sent for s in sent)
+                    row["changed"] = statistics.median(s.changed_fraction for s in sent)
+            except Exception as error:  # one variant failing keeps the others
+                row["error"] = f"{type(error).__name__}: {error}"[:500]
+            finally:
+                for key, value in saved.items():
+                    setattr(strategy, key, value)
+                strategy._delta = None
+            print(f"nccl_sync: variant {name} lr {lr}: {row}", flush=True)
+            rows.append(row)
+            partial = args.out / "nccl_sync_partial.json"  # a cut call keeps these rows
+            partial.write_text(json.dumps({"variants": rows, "sparsity": sparsity}, indent=1))
+    return rows
+
+
 def measure_sync(shape: str, work: Path, args: argparse.Namespace) -> dict[str, Any]:
     """Start vLLM on ``shape``, attach the real strategy, time ``args.syncs`` syncs."""
     import torch
@@ -65,6 +186,11 @@ def measure_sync(shape: str, work: Path, args: argparse.Namespace) -> dict[str, 
     from grpo_trainer.sync.vllm_shared import VllmSharedSync
 
     model_dir = work / shape
+    sparsity = {}
+    if args.variants:  # before vLLM and the served-size model take memory
+        device = torch.device(f"cuda:{args.trainer_gpu}")
+        sparsity = {lr: update_sparsity(shape, lr, device) for lr in args.lrs}
+        print(f"nccl_sync: {shape} bf16 elements changed by one AdamW step: {sparsity}", flush=True)
     config = qwen2_config(shape)
     config.save_pretrained(model_dir)
     port = free_port()
@@ -75,7 +201,7 @@ def measure_sync(shape: str, work: Path, args: argparse.Namespace) -> dict[str, 
         update={"env": {**launch.env, "CUDA_VISIBLE_DEVICES": str(args.vllm_gpu)}}
     )
     server = ServerProcess(launch, f"http://127.0.0.1:{port}", work / f"{shape}-vllm.log")
-    result: dict[str, Any] = {"shape": shape}
+    result: dict[str, Any] = {"shape": shape, "sparsity": sparsity}
     started = server.start(timeout=args.start_timeout)
     result["vllm_start_s"] = started
     try:
@@ -122,9 +248,14 @@ def measure_sync(shape: str, work: Path, args: argparse.Namespace) -> dict[str, 
                 k: statistics.median(p[k] for p in phases) for k in phases[0]
             }
         result["sync_extra_peak_bytes"] = torch.cuda.max_memory_allocated(device) - before
+        if args.variants:
+            strategy._layout = formats["kernel"]
+            result["variants"] = measure_variants(strategy, model, args, sparsity)
         result["served_after_sync"] = served_ok(server.base_url, settings.served_model_name)
     finally:
         server.stop(timeout=30)
+        strategy = model = None  # the raw broadcast's ranks need this GPU's memory next
+        torch.cuda.empty_cache()
     return result
 
 
@@ -229,6 +360,44 @@ def table(rows: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def variant_table(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per measured variant (``--variants``), against the raw one-buffer broadcast."""
+    out = []
+    for row in rows:
+        if not row.get("variants"):
+            continue
+        flat = statistics.median(row["flat_s"]) if row.get("flat_s") else None
+        out += [
+            f"### {row['shape']}: sync variants ({row['bytes'] / GB:.2f} GB in bf16; raw "
+            f"one-buffer broadcast {flat * 1e3:.1f} ms)"
+            if flat
+            else f"### {row['shape']}",
+            "",
+            "bf16 elements changed by one AdamW step (float32 masters): "
+            + ", ".join(f"lr {lr:g}: {f:.2%}" for lr, f in row.get("sparsity", {}).items()),
+            "",
+            "| variant | lr | sync median (min-max) | phases (median ms) | bytes sent | vs raw |",
+            "|---|---|---|---|---|---|",
+        ]
+        for v in row["variants"]:
+            if "error" in v:
+                out.append(f"| {v['variant']} | {v['lr'] or '-'} | error: {v['error'][:200]} |||")
+                continue
+            times = v["sync_s"]
+            sync = statistics.median(times)
+            phases = ", ".join(f"{k} {t * 1e3:.0f}" for k, t in v["phases"].items())
+            sent = v.get("bytes_sent", row["bytes"])
+            out.append(
+                f"| {v['variant']} | {v['lr'] or '-'} | {sync * 1e3:.0f} ms ({min(times) * 1e3:.0f}"
+                f"-{max(times) * 1e3:.0f}) | {phases} | {sent / GB:.3f} GB | "
+                f"{sync / flat:.1f}x |"
+                if flat
+                else "n/a |"
+            )
+        out.append("")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -241,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--vllm-gpu", type=int, default=1)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     parser.add_argument("--start-timeout", type=float, default=240)
+    parser.add_argument(
+        "--variants", nargs="+", default=[], choices=[*VARIANTS, "all"],
+        help="sync variants to measure after the plain syncs (issue 29)",
+    )  # fmt: skip
+    parser.add_argument("--lrs", nargs="+", type=float, default=[1e-6, 1e-5])
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -282,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
             "",
             *table(rows),
             "",
+            *variant_table(rows),
         ]
     )
     (args.out / "nccl_sync.md").write_text(text)

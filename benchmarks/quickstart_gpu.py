@@ -10,6 +10,12 @@ with the seconds from the command to that step (vLLM start-up included). A run s
 it reached the target (SIGKILL of its supervisor, then a sweep of its tagged processes),
 when its trainer ends, or at the deadline.
 
+``--profile P --as-placed`` runs another profile with its own GPU placement (one mode,
+e.g. ``profiles/qwen2.5-7b-4gpu.toml``: 3 trainer ranks and vLLM on the fourth GPU,
+issue 29), ``--eager`` with vLLM eager (start-up without torch.compile), and the table
+and JSON are rewritten every 5 s while it runs (a cut call keeps the curve so far), with
+each trainer rank's and vLLM's peak GPU memory.
+
 ``--colocate-ranks N`` runs ``colocate`` on the last N of ``--gpus`` at once: an FSDP2
 trainer of N ranks and vLLM with ``data_parallel_size`` N, one rank and one replica per GPU
 (issue 13's "rises in colocate on two GPUs"); ``--cpu`` runs the same copies on CPU (the
@@ -34,6 +40,7 @@ import subprocess
 import sys
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,6 +78,9 @@ class ModeRun:
     """The trainer's ``sync_time`` at each sync (restart modes: the restart it waited for)."""
     inference_tok_s: list[float] = field(default_factory=list)
     """The server's generated tokens/s (``inference/tokens_per_s``), sampled while training."""
+    peak_gb: dict[str, float] = field(default_factory=dict)
+    """Peak GPU memory: ``rank<r>`` (the trainer's torch peak per rank, or ``trainer``) and
+    ``inference`` (NVML, vLLM's process tree, as the supervisor samples it)."""
     target_step: int | None = None
     target_s: float | None = None
     wall_s: float = 0.0
@@ -100,13 +110,23 @@ def profile_copy(
     *,
     cpu: bool = False,
     backend: str = "vllm",
+    profile: Path = PROFILE,
+    eager: bool = False,
 ) -> dict[str, Any]:
     """The quickstart-gpu profile with only what running modes side by side needs changed:
     several ``gpus`` put one trainer rank and one vLLM replica on each (``colocate``);
     ``cpu`` swaps vLLM and CUDA for the built-in server on CPU (float32), ranks as replicas;
-    ``backend = "sglang"`` swaps vLLM for SGLang (its flags in place of vLLM's)."""
-    body = tomllib.loads(PROFILE.read_text())
-    body["run"] |= {"mode": mode, "name": f"quickstart-gpu-{mode}", "output_dir": str(out)}
+    ``backend = "sglang"`` swaps vLLM for SGLang (its flags in place of vLLM's). Another
+    ``profile`` with no ``gpus`` given keeps its own placement; ``eager``: vLLM eager."""
+    body = tomllib.loads(profile.read_text())
+    body["run"] |= {"mode": mode, "name": f"{profile.stem}-{mode}", "output_dir": str(out)}
+    if eager:
+        body["inference"]["enforce_eager"] = True
+    if not gpus and not cpu:  # the profile's own placement
+        if shutil.which("vllm") is None and body["inference"].get("backend") == "vllm":
+            body["inference"]["vllm_executable"] = vllm_cli()
+        body["api"]["port"], body["inference"]["port"] = ports
+        return body
     body["api"]["port"], body["inference"]["port"] = ports
     inference, trainer = body["inference"], body["trainer"]
     replicas = max(1, len(gpus))
@@ -135,14 +155,24 @@ def rolling(rewards: list[float]) -> list[float]:
     return [statistics.fmean(rewards[i - WINDOW : i]) for i in range(WINDOW, len(rewards) + 1)]
 
 
-def watch(run: ModeRun, work: Path, deadline: float, args: argparse.Namespace) -> None:
-    """Run one mode until it reaches ``args.target``, its trainer ends, or ``deadline``."""
+def watch(
+    run: ModeRun,
+    work: Path,
+    deadline: float,
+    args: argparse.Namespace,
+    report: Callable[[], None] = lambda: None,
+) -> None:
+    """Run one mode until it reaches ``args.target``, its trainer ends, or ``deadline``;
+    ``report`` is called every 5 s with the run's numbers so far."""
     target, cpu = args.target, args.cpu
     cell = work / run.mode
     cell.mkdir(parents=True, exist_ok=True)
     ports = free_ports(2, first=port_base(args.backend) + 10 * MODES.index(run.mode))
     profile = cell / "profile.toml"
-    body = profile_copy(run.mode, run.gpus, ports, cell / "runs", cpu=cpu, backend=args.backend)
+    body = profile_copy(
+        run.mode, run.gpus, ports, cell / "runs", cpu=cpu, backend=args.backend,
+        profile=args.profile, eager=args.eager,
+    )  # fmt: skip
     profile.write_text(tomli_w.dumps(body))
     began = time.time()
     with (cell / "supervisor.jsonl").open("wb") as out, (cell / "supervisor.err").open("wb") as err:
@@ -152,12 +182,16 @@ def watch(run: ModeRun, work: Path, deadline: float, args: argparse.Namespace) -
         )  # fmt: skip
     supervisor = psutil.Process(proc.pid)
     run_id = ""
+    reported = time.time()
     try:
         while proc.poll() is None and time.time() < deadline:
             run_id = run_id or run_id_of(supervisor)
             read(run, cell, began, target)
             if run.target_step is not None:
                 break
+            if time.time() - reported > 5:
+                run.wall_s, reported = time.time() - began, time.time()
+                report()
             time.sleep(1.0)
     finally:
         stop_group(proc)
@@ -211,6 +245,15 @@ def read(run: ModeRun, cell: Path, began: float, target: float) -> None:
         ]
         run.inference_tok_s = values(server, "inference/tokens_per_s")
     run.step_times = [float(r["t"]) - began for r in records]
+    for record in data:
+        for key, value in record.items():
+            if key.startswith("gpu_memory_gb/") or key == "peak_memory_gb":
+                name = key.removeprefix("gpu_memory_gb/") if "/" in key else "trainer"
+                run.peak_gb[name] = max(run.peak_gb.get(name, 0.0), float(value))
+    for record in lines:
+        used = record.get("data", {}).get("process/inference/gpu_memory_bytes")
+        if record.get("process") == "supervisor" and used is not None:
+            run.peak_gb["inference"] = max(run.peak_gb.get("inference", 0.0), float(used) / 1e9)
     for index, mean in enumerate(rolling(run.rewards)):
         if mean >= target:
             step = index + WINDOW
@@ -221,8 +264,7 @@ def read(run: ModeRun, cell: Path, began: float, target: float) -> None:
 def markdown(runs: list[ModeRun], info: dict[str, str], args: argparse.Namespace) -> str:
     """The per-mode table."""
     lines = [
-        f"# profiles/quickstart-gpu.toml in every mode, {engine(args)} "
-        "(benchmarks/quickstart_gpu.py)",
+        f"# profiles/{args.profile.name}, {engine(args)} (benchmarks/quickstart_gpu.py)",
         "",
         f"- date {info.get('date')}; {info.get('device')}; torch {info.get('torch')}, vLLM "
         f"{info.get('vllm')}, SGLang {info.get('sglang')}, transformers "
@@ -269,6 +311,14 @@ def markdown(runs: list[ModeRun], info: dict[str, str], args: argparse.Namespace
         f"Reward curves ({WINDOW}-step mean at every {WINDOW}th step, s from the command):",
     ]
     lines += ["", *(f"- {r.mode} ({where(r, args)}): {curve(r)}" for r in runs if r.rewards)]
+    peaks = [
+        f"- {r.mode}: " + ", ".join(f"{k} {v:.1f} GB" for k, v in sorted(r.peak_gb.items()))
+        for r in runs
+        if r.peak_gb
+    ]
+    if peaks:
+        lines += ["", "Peak GPU memory (trainer: torch's peak per rank; inference: NVML):", ""]
+        lines += peaks
     return "\n".join(lines) + "\n"
 
 
@@ -305,6 +355,8 @@ def spread(values: list[float]) -> str:
 
 def where(run: ModeRun, args: argparse.Namespace) -> str:
     """Its GPUs (``2+3``: one trainer rank and one vLLM replica on each), or its CPU ranks."""
+    if not run.gpus and not args.cpu:
+        return "as the profile places it"
     if args.cpu:
         return f"CPU x{len(run.gpus)}" if len(run.gpus) > 1 else "CPU"
     return "+".join(map(str, run.gpus))
@@ -330,6 +382,12 @@ def main(argv: list[str] | None = None) -> int:
         help="the inference engine (sglang: the modes it runs, see SGLANG_REFUSED)",
     )
     parser.add_argument("--cpu", action="store_true", help="built-in server on CPU, float32")
+    parser.add_argument("--profile", type=Path, default=PROFILE, help="the profile to copy")
+    parser.add_argument(
+        "--as-placed", action="store_true", help="keep the profile's own GPUs (one mode)"
+    )
+    parser.add_argument("--eager", action="store_true", help="vLLM eager (no torch.compile)")
+    parser.add_argument("--work", type=Path, help="run directories (default: in --out)")
     parser.add_argument("--dry-run", action="store_true", help="write the copies, check them")
     args = parser.parse_args(argv)
     if args.cpu:  # CPU "GPUs" are rank slots: only how many a run has counts
@@ -340,15 +398,21 @@ def main(argv: list[str] | None = None) -> int:
     if len(args.gpus) < args.colocate_ranks:
         parser.error(f"--colocate-ranks {args.colocate_ranks} needs as many --gpus")
     out = args.out.resolve()
-    work = out / "work-quickstart"
+    args.name = "quickstart_gpu" if args.profile == PROFILE else args.profile.stem
+    work = args.work.resolve() if args.work else out / f"work-{args.name}"
     work.mkdir(parents=True, exist_ok=True)
     runs = place(args.modes, args.gpus, args.colocate_ranks)
+    if args.as_placed:
+        runs = [ModeRun(mode, []) for mode in args.modes]
     if args.dry_run:
         failures = 0
         for run in runs:
             path = work / f"{run.mode}.toml"
             ports = free_ports(2, first=port_base(args.backend) + 10 * MODES.index(run.mode))
-            body = profile_copy(run.mode, run.gpus, ports, work, cpu=args.cpu, backend=args.backend)
+            body = profile_copy(
+                run.mode, run.gpus, ports, work, cpu=args.cpu, backend=args.backend,
+                profile=args.profile, eager=args.eager,
+            )  # fmt: skip
             path.write_text(tomli_w.dumps(body))
             done = subprocess.run(
                 [sys.executable, "-m", "grpo_tui", "check", str(path)],
@@ -360,16 +424,20 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.time() + args.budget
     from concurrent.futures import ThreadPoolExecutor
 
+    info = facts(args)
+
+    def report() -> str:
+        text = markdown(runs, info, args)
+        (out / f"{args.name}.md").write_text(text)
+        raw = {"facts": info, "runs": [asdict(r) for r in runs]}
+        (out / f"{args.name}.json").write_text(json.dumps(raw, indent=1))
+        return text
+
     alone = [r for r in runs if r.mode == "colocate" and len(args.gpus) == args.colocate_ranks]
     for batch in ([r for r in runs if r not in alone], alone):  # colocate sleeps alone
         with ThreadPoolExecutor(max_workers=max(1, len(batch))) as pool:
-            list(pool.map(lambda r: watch(r, work, deadline, args), batch))
-    info = facts(args)
-    text = markdown(runs, info, args)
-    (out / "quickstart_gpu.md").write_text(text)
-    raw = {"facts": info, "runs": [asdict(r) for r in runs]}
-    (out / "quickstart_gpu.json").write_text(json.dumps(raw, indent=1))
-    print(text, flush=True)
+            list(pool.map(lambda r: watch(r, work, deadline, args, report), batch))
+    print(report(), flush=True)
     return 0 if all(r.status == "reached" for r in runs) else 1
 
 

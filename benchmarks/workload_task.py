@@ -45,5 +45,15 @@ class Workload(Task):
 
 
 def trl_reward(completions: list[Any], **_: Any) -> list[float]:
-    """TRL's reward-function signature around :func:`digit_share`."""
-    return [digit_share(c if isinstance(c, str) else str(c)) for c in completions]
+    """TRL's reward-function signature around :func:`digit_share` (a completion is text, or
+    a list of chat messages in ``AsyncGRPOTrainer``)."""
+    return [digit_share(completion_text(c)) for c in completions]
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: as is, or the contents of its chat messages."""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, list):
+        return "".join(str(m.get("content") or "") for m in completion if isinstance(m, dict))
+    return str(completion)

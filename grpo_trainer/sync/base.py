@@ -34,6 +34,8 @@ class SyncContext:
     served_model_name: str
     checkpoint_dir: Path
     backend: str  # "builtin" | "vllm" | "sglang"
+    delta: bool = False
+    """shared_vllm over NCCL: send only the changed elements (``sync/delta.py``)."""
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,10 @@ copies each straight into its parameter; otherwise in checkpoint format, which v
 weight loaders shard and fuse (a layer-by-layer reload, several times slower). The receive
 runs through the worker extension (``grpo_update_weights``: vLLM's own receive under
 ``no_grad``), and the direct copy is tried once on one small tensor before it is trusted:
-one broadcast cannot leave the trainer blocked if vLLM's side fails.
+one broadcast cannot leave the trainer blocked if vLLM's side fails. With ``delta`` (the
+trainer's ``weight_transfer_delta``) and vLLM's layout known, each sync sends only the
+elements that changed since the last one (``sync/delta.py``; received and checksummed by
+the worker extension's ``grpo_receive_delta``), on the same NCCL group.
 Needs ``VLLM_SERVER_DEV_MODE=1`` and the worker extension: ``inference_command`` sets both.
 Tensor parallel size 1 for the zero-copy path.
 """
@@ -37,6 +40,7 @@ from grpo_trainer.control import SupervisorLink, report_event
 from grpo_trainer.sync.base import SyncContext, SyncResult
 from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.cuda_ipc import map_server_weights, same_gpu, share_parameters
+from grpo_trainer.sync.delta import BUCKET_BYTES, DeltaSender, Entry, SendStats
 from grpo_trainer.sync.shared import PausedUpdateSync
 from grpo_trainer.sync.vllm_names import hf_parts, kernel_tensors
 
@@ -65,6 +69,19 @@ class VllmSharedSync(PausedUpdateSync):
         self._failure: list[BaseException] = []
         self._phases: dict[str, float] = {}
         self._started = 0.0
+        self._delta: DeltaSender | None = None
+        self.last_send: SendStats | None = None
+        """What the last delta sync sent (elements changed, bytes): for benchmarks."""
+        # The fixed costs of an NCCL sync, as switches (benchmarks/nccl_sync.py measures each;
+        # the defaults are what every run has used).
+        self.pause_mode = "wait"
+        """vLLM's ``/pause`` mode: ``wait`` (in-flight requests finish first), ``keep``
+        (frozen, continued after the resume, as TRL's async trainer does) or ``abort``."""
+        self.reset_after_resume = True
+        """``/reset_prefix_cache`` after ``/resume``: ``/pause`` clears the caches already."""
+        self.packed_buffer_bytes: int | None = None
+        """vLLM's packed NCCL broadcast buffer for a full sync (None: vLLM's default)."""
+        self.delta_bucket_bytes = BUCKET_BYTES
 
     def attach(self, model: nn.Module) -> nn.Module:
         """Share vLLM's weights on the same GPU, else open the NCCL transfer group."""
@@ -85,8 +102,24 @@ class VllmSharedSync(PausedUpdateSync):
         else:
             self._init_nccl(device)
             self._layout = self._kernel_layout(model)
+            self._start_delta()
             self.sync(model, 0)
         return model
+
+    def _start_delta(self) -> None:
+        """The delta sender over vLLM's layout, when asked for and the layout is known."""
+        if not self.context.delta:
+            return
+        if self._layout is None:
+            print(
+                "warning: weight_transfer_delta needs vLLM's own layout (tensor parallel 1 and "
+                "a working direct copy); sending every weight instead",
+                file=sys.stderr,
+                flush=True,
+            )
+            return
+        entries = [Entry(name, tuple(shape), dtype) for name, shape, dtype in self._layout]
+        self._delta = DeltaSender(entries, self.delta_bucket_bytes)
 
     def _kernel_layout(self, model: nn.Module) -> list[tuple[str, list[int], str]] | None:
         """vLLM's parameter layout when every worker holds whole tensors ``model`` can fill.
@@ -211,6 +244,7 @@ class VllmSharedSync(PausedUpdateSync):
             )
         self._init_nccl(device)
         self._layout = self._kernel_layout(model)
+        self._start_delta()
 
     def begin_transfer(self, params: list[tuple[str, list[int], str]]) -> None:
         """Pause generation, open a weight update, and have vLLM receive in the background.
@@ -227,11 +261,18 @@ class VllmSharedSync(PausedUpdateSync):
             "packed": True,
         }
 
+        method = "grpo_update_weights"
+        if self.packed_buffer_bytes is not None:
+            update_info["packed_buffer_size_bytes"] = self.packed_buffer_bytes
+        if self._delta is not None:
+            method = "grpo_receive_delta"
+            update_info = {**update_info, "bucket_bytes": self.delta_bucket_bytes}
+
         def server_side() -> None:
             try:
                 self.client.post(
                     "/collective_rpc",
-                    json={"method": "grpo_update_weights", "args": [json.dumps(update_info)]},
+                    json={"method": method, "args": [json.dumps(update_info)]},
                 )
             except BaseException as error:
                 self._failure.append(error)
@@ -239,11 +280,12 @@ class VllmSharedSync(PausedUpdateSync):
         self._started = time.perf_counter()
         self._phases = {}
         self._failure = []
-        self.client.post("/pause", mode="wait")
+        self.client.post("/pause", mode=self.pause_mode)
         self._lap("pause")
-        self.client.post(
-            "/start_weight_update", json={"is_checkpoint_format": self._layout is None}
-        )
+        if self._delta is None:  # vLLM's own receive; the delta writes vLLM's tensors itself
+            self.client.post(
+                "/start_weight_update", json={"is_checkpoint_format": self._layout is None}
+            )
         self._lap("start")
         self._receiver = threading.Thread(target=server_side, daemon=True)
         self._receiver.start()
@@ -256,9 +298,14 @@ class VllmSharedSync(PausedUpdateSync):
         from vllm.distributed.weight_transfer.nccl_engine import NCCLWeightTransferEngine
 
         stream = kernel_tensors(named, self._layout) if self._layout is not None else named
-        NCCLWeightTransferEngine.trainer_send_weights(
-            stream, {"group": self._group, "packed": True}
-        )
+        if self._delta is not None:
+            group = self._group
+            self.last_send = self._delta.send(stream, lambda t: group.broadcast(t, src=0))
+            return
+        args: dict[str, Any] = {"group": self._group, "packed": True}
+        if self.packed_buffer_bytes is not None:
+            args["packed_buffer_size_bytes"] = self.packed_buffer_bytes
+        NCCLWeightTransferEngine.trainer_send_weights(stream, args)
 
     def end_transfer(self) -> dict[str, float]:
         """Wait until vLLM loaded what was sent, finish the update, resume generation.
@@ -271,12 +318,14 @@ class VllmSharedSync(PausedUpdateSync):
                 self._lap("transfer")
                 if self._failure:
                     raise SyncError(f"vLLM /update_weights failed: {self._failure[0]}")
-                self.client.post("/finish_weight_update")
+                if self._delta is None:
+                    self.client.post("/finish_weight_update")
                 self._lap("finish")
         finally:
             self._receiver = None
             self.client.post("/resume")
-        self.client.post("/reset_prefix_cache")
+        if self.reset_after_resume:
+            self.client.post("/reset_prefix_cache")
         self._lap("resume")
         return dict(self._phases)
 

@@ -19,6 +19,7 @@ import torch
 
 from grpo_trainer.serve.buckets import check_parameter, open_bucket, payload_for
 from grpo_trainer.serve.cuda_ipc import device_uuid, export_weights, open_tensors
+from grpo_trainer.sync.delta import Entry, receive
 
 
 class SharedWeightsExtension:
@@ -55,6 +56,33 @@ class SharedWeightsExtension:
         """
         with torch.no_grad():
             self.update_weights(json.loads(update_info))  # type: ignore[attr-defined]
+
+    def grpo_receive_delta(self, update_info: str) -> int:
+        """Apply the trainer's delta sync (``sync/delta.py``) to the live parameters.
+
+        ``update_info`` is JSON: ``names``, ``shapes``, ``dtype_names`` (vLLM's own layout,
+        in the trainer's send order) and ``bucket_bytes``. Runs on the NCCL group vLLM's
+        weight-transfer engine opened with the trainer; every bucket is checksummed against
+        the trainer's, a mismatch raises here (and so fails the trainer's sync). Returns the
+        elements written.
+        """
+        info = json.loads(update_info)
+        layout = [
+            Entry(name, tuple(shape), dtype)
+            for name, shape, dtype in zip(
+                info["names"], info["shapes"], info["dtype_names"], strict=True
+            )
+        ]
+        model = self.model_runner.model
+        group = self.weight_transfer_engine.model_update_group  # type: ignore[attr-defined]
+        targets = [(entry.name, model.get_parameter(entry.name)) for entry in layout]
+        with torch.no_grad():
+            written = receive(
+                targets, lambda t: group.broadcast(t, src=0), layout, int(info["bucket_bytes"])
+            )
+        if targets and targets[0][1].is_cuda:
+            torch.cuda.synchronize()
+        return written
 
     def grpo_load_weights(self, payload: str) -> int:
         """Load the trainer's tensors (``sync.cuda_ipc.tensor_handles``) into the model.

@@ -24,6 +24,7 @@ WeightBridgeMode = Literal["none", "shared_vllm", "lora_only", "lora_restart", "
 LORA_MODES: tuple[str, ...] = ("lora_only", "lora_restart")
 LossType = Literal["grpo", "dapo", "dr_grpo"]
 Optimizer = Literal["adamw", "adafactor", "adamw_8bit"]
+OptimizerImpl = Literal["auto", "fused", "foreach"]
 LrSchedule = Literal["constant", "cosine"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 Backend = Literal["builtin", "vllm", "sglang"]
@@ -66,6 +67,11 @@ class TrainerConfig(BaseModel):
     gradient_accumulation_steps: int = Field(1, ge=1)
     seq_len: int = Field(2048, ge=2, description="max tokens per sequence (prompt+completion)")
     optimizer: Optimizer = "adamw"
+    optimizer_impl: OptimizerImpl = Field(
+        "auto",
+        description="adamw's kernel: fused (one kernel for all parameters, torch fused=True), "
+        "foreach, or auto = fused on CUDA and foreach elsewhere",
+    )
     weight_decay: float = Field(0.0, ge=0)
     warmup_steps: int = Field(0, ge=0)
     lr_schedule: LrSchedule = "constant"
@@ -118,6 +124,11 @@ class TrainerConfig(BaseModel):
     sync_every: int = Field(1, ge=0, description="steps between syncs; 0 = never sync")
     max_sync_lag: int = Field(3, ge=0, description="max steps trained on stale weights")
     sync_retries: int = Field(3, ge=0)
+    weight_transfer_delta: bool = Field(
+        False,
+        description="shared_vllm over NCCL: send only the bf16 elements that changed since "
+        "the last sync (indices + values per bucket, checked by checksum on vLLM's side)",
+    )
 
     # reporting
     metrics_file: str | None = None
@@ -181,6 +192,19 @@ class TrainerConfig(BaseModel):
                 f"colocate syncs after every step and never trains on a stale engine: "
                 f"sync_every must be 1 and max_sync_lag 0 (got {self.sync_every} and "
                 f"{self.max_sync_lag})"
+            )
+        if self.optimizer_impl != "auto" and self.optimizer != "adamw":
+            problems.append(
+                f"optimizer_impl {self.optimizer_impl!r} applies to adamw only "
+                f"(optimizer is {self.optimizer!r}): leave it at 'auto'"
+            )
+        if self.weight_transfer_delta and (self.weight_bridge_mode, self.inference_backend) != (
+            "shared_vllm",
+            "vllm",
+        ):
+            problems.append(
+                "weight_transfer_delta applies to shared_vllm on vLLM (its NCCL weight transfer), "
+                f"not to {self.weight_bridge_mode} on {self.inference_backend}"
             )
         if self.use_wandb and not self.wandb_project:
             problems.append("use_wandb needs wandb_project")

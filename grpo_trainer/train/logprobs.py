@@ -194,31 +194,41 @@ def chunked_token_logprobs(
     *,
     chunk_size: int = 256,
     with_entropy: bool = False,
+    positions: Tensor | None = None,
 ) -> TokenLogprobs:
     """Logprobs of ``input_ids[:, 1:]`` under ``model``: memory-lean path.
 
     ``temperatures`` is ``[B]``. Runs the decoder for final hidden states, then the LM head
-    slice by vocabulary slice (see ``ChunkedTokenLogprobs``).
+    slice by vocabulary slice (see ``ChunkedTokenLogprobs``). ``positions`` (``[B, L-1]``,
+    nonzero where a logprob is needed: the loss mask) limits the LM head and its softmax to
+    those positions; the others read 0 (logprob and entropy) and get no gradient. The
+    decoder still runs over every position (the completion attends to the prompt); only
+    the head's ``positions x V`` work shrinks (TRL scores completion tokens only too).
     """
     hidden = final_hidden_states(model, input_ids, attention_mask)
     batch, length = input_ids.shape
-    flat_hidden = hidden[:, :-1].reshape(-1, hidden.shape[-1])
-    labels = input_ids[:, 1:].reshape(-1)
-    inv_temp = (
-        (1.0 / temperatures.to(_compute_dtype(hidden)))[:, None]
-        .expand(batch, length - 1)
-        .reshape(-1)
+    shape = (batch, length - 1)
+    keep = (
+        torch.ones(shape, dtype=torch.bool, device=input_ids.device)
+        if positions is None
+        else positions.to(device=input_ids.device) != 0
     )
+    inv_temp = (1.0 / temperatures.to(_compute_dtype(hidden)))[:, None].expand(shape)
     logp, entropy = ChunkedTokenLogprobs.apply(
-        flat_hidden,
+        hidden[:, :-1][keep],
         output_projection(model),
-        labels,
-        inv_temp.contiguous(),
+        input_ids[:, 1:][keep],
+        inv_temp[keep].contiguous(),
         chunk_size,
         with_entropy,
     )
-    shape = (batch, length - 1)
-    return TokenLogprobs(logp.view(shape), entropy.view(shape) if with_entropy else None)
+    if positions is None:
+        return TokenLogprobs(logp.view(shape), entropy.view(shape) if with_entropy else None)
+    zeros = logp.new_zeros(shape)
+    return TokenLogprobs(
+        zeros.masked_scatter(keep, logp),
+        zeros.masked_scatter(keep, entropy) if with_entropy else None,
+    )
 
 
 def naive_token_logprobs(

@@ -147,8 +147,9 @@ class Trainer:
         self.step = 0 if resume is None else resume.step
         self.model = model if strategy is None else strategy.attach(model)
         self.optimizer = build_optimizer(
-            self.model, config.optimizer, config.base_lr, config.weight_decay
-        )
+            self.model, config.optimizer, config.base_lr, config.weight_decay,
+            config.optimizer_impl,
+        )  # fmt: skip
         if resume is not None and resume.exact and has_sharded_state(resume.checkpoint):
             load_sharded_state(resume.checkpoint, self.model, self.optimizer, self.world)
         elif resume is not None and resume.exact and self.world.enabled:
@@ -356,6 +357,7 @@ class Trainer:
                     micro.attention_mask,
                     micro.temperatures,
                     chunk_size=self.config.logprob_chunk_size,
+                    positions=micro.loss_mask,
                 )
                 return out.logprobs
             with self.model.disable_adapter():
@@ -365,6 +367,7 @@ class Trainer:
                     micro.attention_mask,
                     micro.temperatures,
                     chunk_size=self.config.logprob_chunk_size,
+                    positions=micro.loss_mask,
                 )
             return out.logprobs
 
@@ -384,6 +387,7 @@ class Trainer:
                 micro.temperatures,
                 chunk_size=config.logprob_chunk_size,
                 with_entropy=True,
+                positions=micro.loss_mask,  # the LM head scores trained tokens only
             )
             result = policy_loss(
                 out.logprobs,

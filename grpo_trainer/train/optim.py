@@ -14,14 +14,22 @@ class OptimizerUnavailable(RuntimeError):
 
 
 def build_optimizer(
-    model: nn.Module, name: str, lr: float, weight_decay: float
+    model: nn.Module, name: str, lr: float, weight_decay: float, impl: str = "auto"
 ) -> torch.optim.Optimizer:
-    """``adamw`` (torch), ``adafactor`` (torch >= 2.5) or ``adamw_8bit`` (bitsandbytes)."""
+    """``adamw`` (torch), ``adafactor`` (torch >= 2.5) or ``adamw_8bit`` (bitsandbytes).
+
+    ``impl`` picks AdamW's kernel: ``fused`` (one kernel over every parameter, as TRL's
+    default ``adamw_torch_fused``), ``foreach`` (torch's multi-tensor path, its CUDA
+    default), or ``auto``: fused where the parameters are on CUDA, torch's default
+    elsewhere. The kernels agree to float rounding (``benchmarks/trainer_step.py``).
+    """
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("the model has no trainable parameters")
     if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
+        fused = impl == "fused" or (impl == "auto" and params[0].device.type == "cuda")
+        kernel = {"fused": True} if fused else {"foreach": True} if impl == "foreach" else {}
+        return torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, **kernel)
     if name == "adafactor":
         return torch.optim.Adafactor(params, lr=lr, weight_decay=weight_decay)
     if name == "adamw_8bit":

@@ -71,6 +71,7 @@ def sync_context(config: TrainerConfig) -> SyncContext:
         served_model_name=config.served_model_name,
         checkpoint_dir=config.checkpoint_dir,
         backend=config.inference_backend,
+        delta=config.weight_transfer_delta,
     )
 
 

@@ -5,6 +5,7 @@ differ from it only where running modes side by side needs, and the target is ju
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -58,7 +59,9 @@ def test_target_is_the_first_five_step_mean_to_reach_it(tmp_path: Path) -> None:
     quickstart_gpu.read(run, tmp_path, began=90.0, target=0.8)
     assert run.rewards == rewards
     assert (run.target_step, run.target_s) == (8, 100.0 + 2 * 7 - 90.0)
-    args = quickstart_gpu.argparse.Namespace(gpus=[0], target=0.8, cpu=False, backend="vllm")
+    args = quickstart_gpu.argparse.Namespace(
+        gpus=[0], target=0.8, cpu=False, backend="vllm", profile=quickstart_gpu.PROFILE
+    )
     text = quickstart_gpu.markdown([run], {}, args)
     assert (run.sync_times, run.inference_tok_s) == ([0.1 * 3, 0.1 * 7], [1000.0, 3000.0])
     assert "| shared_vllm | 0 | not run | 9 | 0.420 | 0.900 | 8 | 24 | 0.5 / 0.7 (2) |" in text
@@ -109,3 +112,25 @@ def test_cpu_copy_runs_gloo_ranks_and_builtin_replicas(tmp_path: Path) -> None:
     assert "--nproc-per-node 2" in trainer and "--lr 0.001" in trainer
     assert "grpo_trainer.serve" in served and "--data-parallel-size 2" in served
     assert "--device cpu" in served
+
+
+def test_the_7b_profile_runs_as_placed_and_checks(tmp_path: Path) -> None:
+    """Issue 29's run: the 4-GPU profile keeps its placement (3 ranks on 0-2, vLLM on 3);
+    only ports, output dir, mode and, with --eager, vLLM's compile change."""
+    profile = quickstart_gpu.REPO / "profiles/qwen2.5-7b-4gpu.toml"
+    body = quickstart_gpu.profile_copy(
+        "shared_vllm", [], [8300, 8301], tmp_path / "runs", profile=profile, eager=True
+    )
+    shipped = tomllib.loads(profile.read_text())
+    assert body["trainer"]["gpus"] == [0, 1, 2] and body["inference"]["gpus"] == [3]
+    assert body["inference"]["enforce_eager"] is True
+    assert body["run"]["tiny"] == shipped["run"]["tiny"]
+    path = tmp_path / "p.toml"
+    path.write_text(quickstart_gpu.tomli_w.dumps(body))
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_tui", "check", str(path)],
+        capture_output=True, text=True, cwd=quickstart_gpu.REPO,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "trainer [0, 1, 2] (3 ranks, torchrun); inference [3]" in done.stdout
+    assert "--enforce-eager" in done.stdout

@@ -24,6 +24,7 @@ from grpo_tui.supervisor.spec import ProcessSpec
 
 REPO = Path(__file__).resolve().parents[2]
 SEVEN_B = REPO / "profiles/qwen2.5-7b-8gpu.toml"
+SEVEN_B_4GPU = REPO / "profiles/qwen2.5-7b-4gpu.toml"
 
 
 def write(tmp_path: Path, inference: str, trainer: str, mode: str = "none") -> Path:
@@ -239,6 +240,29 @@ def test_seven_b_profile_launch_lines(tmp_path: Path) -> None:
     assert inference.env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
     for spec in (trainer, inference):
         assert {k: spec.env[k] for k in GPU_ENV} == GPU_ENV
+
+
+def test_seven_b_on_four_gpus_three_ranks_and_vllm_on_the_fourth(tmp_path: Path) -> None:
+    """Issue 29's node: FSDP2 on GPUs 0-2, vLLM alone on GPU 3, weights over NCCL, the
+    Qwen2.5-7B decoder built on the machine, a step that 3 ranks split evenly."""
+    found = {s.name: s for s in build_plan(load_profile(SEVEN_B_4GPU), tmp_path / "run").specs}
+    trainer, inference, model = found["trainer"], found["inference"], found["model"]
+    assert flag(trainer.command, "--nproc-per-node") == "3"
+    assert trainer.env["CUDA_VISIBLE_DEVICES"] == "0,1,2"
+    assert inference.env["CUDA_VISIBLE_DEVICES"] == "3"
+    assert "--tensor-parallel-size" not in inference.command
+    assert flag(inference.command, "--weight-transfer-config") == '{"backend": "nccl"}'
+    rank = trainer.command[trainer.command.index("--no-python") + 1 :]
+    step = int(flag(rank, "--batch-size")) * int(flag(rank, "--gradient-accumulation-steps"))
+    assert step % 3 == 0 and step % int(flag(rank, "--group-size")) == 0
+    assert "--gradient-checkpointing" in rank and "--cpu-offload" not in rank
+    shape = {k: flag(model.command, f"--{k}") for k in ("hidden-size", "num-layers", "num-heads")}
+    assert shape == {"hidden-size": "3584", "num-layers": "28", "num-heads": "28"}
+    assert (flag(model.command, "--num-kv-heads"), flag(model.command, "--intermediate-size")) \
+        == ("4", "18944")  # fmt: skip
+    code, output = check(SEVEN_B_4GPU)
+    assert code == 0, output
+    assert "gpus      trainer [0, 1, 2] (3 ranks, torchrun); inference [3]" in output
 
 
 def test_check_prints_who_holds_which_gpu_and_quoted_env() -> None:

@@ -22,6 +22,7 @@ def test_profiles_exist() -> None:
         "quickstart.toml",
         "gsm8k-qwen2.5-3b-shared.toml",
         "gsm8k-qwen2.5-3b-lora.toml",
+        "qwen2.5-7b-4gpu.toml",
     } <= names
 
 

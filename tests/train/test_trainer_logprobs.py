@@ -119,3 +119,57 @@ def test_bfloat16_weights_keep_float32_logprobs_close_to_reference() -> None:
     assert torch.allclose(entropy, ref_entropy, atol=0.05)
     for got, ref in zip(grads, ref_grads, strict=True):
         assert (got.float() - ref.float()).norm() <= 0.03 * ref.float().norm()
+
+
+def _masked_inputs():
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(5, 44, (3, 12), generator=g)
+    attention = torch.ones_like(ids)
+    attention[2, 9:] = 0
+    mask = torch.zeros(3, 11)
+    mask[0, 4:] = 1  # a prompt of 5, then the completion
+    mask[1, 6:9] = 1
+    mask[2, 3:8] = 1  # ends before the padding
+    return ids, attention, torch.tensor([1.0, 0.7, 1.3], dtype=torch.float64), mask
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4096])
+def test_positions_score_only_trained_tokens_with_equal_values_and_gradients(
+    model_path: Path, chunk_size: int
+) -> None:
+    """The LM head over the loss mask's positions only: at those positions the same
+    logprobs, entropy and gradients as scoring every position; elsewhere 0, no gradient."""
+    model = load_model(model_path, dtype="float32").double()
+    ids, attention, temps, mask = _masked_inputs()
+    g = torch.Generator().manual_seed(6)
+    weights, entropy_weights = torch.rand(2, 3, 11, generator=g, dtype=torch.float64) * mask
+    results = []
+    for positions in (None, mask):
+        model.zero_grad()
+        out = chunked_token_logprobs(
+            model, ids, attention, temps, chunk_size=chunk_size, with_entropy=True,
+            positions=positions,
+        )  # fmt: skip
+        ((out.logprobs * weights).sum() + (out.entropy * entropy_weights).sum()).backward()
+        grads = [p.grad.clone() for p in model.parameters()]
+        results.append((out.logprobs.detach(), out.entropy.detach(), grads))
+    (lp_all, ent_all, grads_all), (lp_kept, ent_kept, grads_kept) = results
+    kept = mask.bool()
+    assert torch.allclose(lp_kept[kept], lp_all[kept], rtol=1e-12, atol=1e-12)
+    assert torch.allclose(ent_kept[kept], ent_all[kept], rtol=1e-12, atol=1e-12)
+    assert (lp_kept[~kept] == 0).all() and (ent_kept[~kept] == 0).all()
+    assert (lp_all[~kept] < 0).all()  # scored when every position is asked for
+    for a, b in zip(grads_kept, grads_all, strict=True):
+        assert torch.allclose(a, b, rtol=1e-10, atol=1e-13)
+
+
+def test_positions_none_trained_gives_zero_gradients(model_path: Path) -> None:
+    """A micro-batch with nothing to train (every rank must still run its forward)."""
+    model = load_model(model_path, dtype="float32")
+    ids, attention, temps, mask = _masked_inputs()
+    out = chunked_token_logprobs(
+        model, ids, attention, temps.float(), with_entropy=True, positions=torch.zeros_like(mask)
+    )
+    (out.logprobs.sum() + out.entropy.sum()).backward()
+    assert (out.logprobs == 0).all() and (out.entropy == 0).all()
+    assert all(p.grad is None or (p.grad == 0).all() for p in model.parameters())

@@ -151,3 +151,51 @@ def test_k3_kl_keeps_small_differences_in_float32() -> None:
     kl = k3_kl(logp, ref)
     expected = torch.tensor([1e-4, -3e-4], dtype=torch.float64) ** 2 / 2
     assert torch.allclose(kl.double(), expected, rtol=1e-2)
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tmp_path_factory: pytest.TempPathFactory):
+    from train_helpers import tiny_model
+
+    from grpo_trainer.models import load_model
+
+    path = tiny_model(tmp_path_factory.mktemp("tiny") / "model")
+    return load_model(path, dtype="float32").double()
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo", "dr_grpo"])
+@pytest.mark.parametrize("terms", list(TERMS))
+def test_trainer_path_scoring_trained_tokens_only_matches_float64_reference(
+    tiny_policy, loss_type: str, terms: str
+) -> None:
+    """The trainer's path (LM head over the loss mask's positions only, ``positions``)
+    through a real model: loss and every parameter's gradient equal the float64 reference
+    formulas on the full log-softmax over every position (TRL's ``_compute_loss`` terms)."""
+    from grpo_trainer.train.logprobs import chunked_token_logprobs, naive_token_logprobs
+
+    model, settings = tiny_policy, LossSettings(loss_type=loss_type, **TERMS[terms])
+    _, mu, adv, mask, ref, _ = inputs(seed=7)
+    g = torch.Generator().manual_seed(8)
+    ids = torch.randint(5, 44, (B, L + 1), generator=g)
+    attention, temps = torch.ones_like(ids), torch.tensor([1.0, 0.8, 1.2, 1.0], dtype=torch.float64)
+    results = []
+    for ours in (True, False):
+        model.zero_grad()
+        if ours:
+            out = chunked_token_logprobs(
+                model, ids, attention, temps, chunk_size=3, with_entropy=True, positions=mask
+            )
+            loss = policy_loss(
+                out.logprobs, mu, adv, mask, settings, step_sequences=B,
+                step_tokens=int(mask.sum()), max_len=MAX_LEN, ref_logp=ref, entropy=out.entropy,
+            ).loss  # fmt: skip
+        else:
+            out = naive_token_logprobs(model, ids, attention, temps, with_entropy=True)
+            loss = reference_loss(out.logprobs, mu, adv, mask, ref, out.entropy, settings)
+        loss.backward()
+        results.append((float(loss), [p.grad.clone() for p in model.parameters()]))
+    (ours_loss, ours_grads), (want_loss, want_grads) = results
+    assert abs(ours_loss - want_loss) <= 1e-9 * abs(want_loss) + 1e-15
+    for got, expected in zip(ours_grads, want_grads, strict=True):
+        scale = expected.abs().max().clamp(min=1e-12)
+        assert float((got - expected).abs().max() / scale) < 1e-8
