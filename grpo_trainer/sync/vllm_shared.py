@@ -111,11 +111,11 @@ class VllmSharedSync(PausedUpdateSync):
         if not self.context.delta:
             return
         if self._layout is None:
-            print(
-                "warning: weight_transfer_delta needs vLLM's own layout (tensor parallel 1 and "
-                "a working direct copy); sending every weight instead",
-                file=sys.stderr,
-                flush=True,
+            report_event(
+                self.link,
+                "warning",
+                "weight_transfer_delta needs vLLM's own layout (tensor parallel 1 and a "
+                "working direct copy); every sync sends every weight instead",
             )
             return
         entries = [Entry(name, tuple(shape), dtype) for name, shape, dtype in self._layout]
