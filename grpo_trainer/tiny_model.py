@@ -14,21 +14,19 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import shutil
 import tempfile
 from importlib.metadata import version
 from pathlib import Path
+
+from grpo_trainer.cache import cache_dir
 
 BUILDER = Path(__file__).with_name("models.py")
 LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "huggingface-hub")
 
 
 def cache_root() -> Path:
-    if explicit := os.environ.get("GRPO_TUI_CACHE"):
-        return Path(explicit) / "tiny-models"
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "grpo-tui" / "tiny-models"
+    return cache_dir("tiny-models")
 
 
 def cache_key(shape: dict[str, float | int]) -> str:
