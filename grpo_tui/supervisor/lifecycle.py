@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import signal
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import httpx
@@ -32,6 +33,7 @@ from grpo_tui.supervisor.logs import OutputSink
 from grpo_tui.supervisor.ports import find_port_holder
 from grpo_tui.supervisor.process import ChildProcess, SpawnError, describe_exit
 from grpo_tui.supervisor.spec import Condition, ProcessSpec
+from grpo_tui.supervisor.standby import Spawn, Standby
 from grpo_tui.supervisor.steps import job_trouble
 
 ALIVE = {State.STARTING, State.RUNNING, State.READY, State.UNHEALTHY}
@@ -60,8 +62,9 @@ class Hooks:
     publish: Callable[[Event], None]
     closing: Callable[[], bool]
     """True once the run's shutdown has begun: nothing starts or restarts any more."""
-    spawn: Callable[[ProcessSpec, OutputSink], Awaitable[ChildProcess]]
-    """``ChildProcess.spawn`` with the run's environment and the watchdog's announcements."""
+    spawn: Spawn
+    """``ChildProcess.spawn`` with the run's environment and the watchdog's announcements
+    (the third argument: a tag other than the spec's name, for a standby)."""
     client: Callable[[], asyncio.Future[httpx.AsyncClient]]
     flush_logs: Callable[[], None]
     changed: Callable[[ProcessLife], None]
@@ -94,6 +97,8 @@ class ProcessLife:
         self.wake = asyncio.Event()
         self.changed = asyncio.Event()
         self.lock = asyncio.Lock()  # one start/stop/restart at a time
+        log = sink.file.path.with_name(f"{spec.name}.standby.log")
+        self.standby = Standby(spec.name, log, hooks.spawn, hooks.publish)
 
     @property
     def name(self) -> str:
@@ -142,8 +147,9 @@ class ProcessLife:
             self.set_state(State.PENDING, reason="start requested")
         self.task = asyncio.create_task(self._life(), name=f"life:{self.name}")
 
-    async def stop(self) -> None:
-        """Shutdown signal, timeout, SIGKILL, confirm; with the operation lock held."""
+    async def stop(self, *, keep_standby: bool = False) -> None:
+        """Shutdown signal, timeout, SIGKILL, confirm; with the operation lock held. Its
+        standby is stopped too unless ``keep_standby`` (a restart, which adopts it)."""
         self.stop_requested = True
         self.wake.set()
         child = self.child
@@ -155,6 +161,8 @@ class ProcessLife:
             await asyncio.shield(self.task)
         if self.state not in (State.COMPLETED, State.FAILED, State.STOPPED):
             self.set_state(State.STOPPED, reason="stopped on request")
+        if not keep_standby:
+            await self.standby.discard()
 
     async def kill_now(self) -> None:
         """SIGKILL the process and its descendants without waiting for the lock."""
@@ -163,6 +171,7 @@ class ProcessLife:
         if self.child is not None and self.child.returncode is None:
             self.set_state(State.STOPPING, reason="kill requested")
             self.report_survivors(await self.child.kill())
+        await self.standby.discard(signal.SIGKILL)
 
     def replace_spec(self, spec: ProcessSpec) -> None:
         """Use ``spec`` from the next start on (a changed one is published as planned)."""
@@ -200,6 +209,7 @@ class ProcessLife:
                 self.attempt = 0
             if code == 0 and policy.policy != "always":
                 self.set_state(State.COMPLETED, reason=reason, exit_code=0)
+                await self.standby.discard()
                 return
             if policy.policy == "no" or (code == 0 and policy.policy == "on_failure"):
                 self._give_up(reason, code)
@@ -232,6 +242,8 @@ class ProcessLife:
         self.replace_spec(spec)
 
     def _give_up(self, reason: str, code: int | None) -> None:
+        """FAILED for good; its standby is stopped when the process is (at the latest when
+        the run ends: every process is stopped then)."""
         self.gave_up = True
         self.set_state(State.FAILED, reason=reason, exit_code=code)
 
@@ -270,20 +282,24 @@ class ProcessLife:
             matcher = probes.LogMatcher(spec.readiness.pattern)
         self.sink.on_line = matcher
         self.sink.file.open()
-        try:
-            child = await self.hooks.spawn(spec, self.sink)
-        except SpawnError as exc:
-            self.set_state(State.FAILED, reason=exc.reason)
-            return None, exc.reason, 0.0
+        adopted = await self.standby.adopt(spec, self.sink)
+        if adopted is not None:
+            child, exited, command = adopted
+        else:
+            try:
+                child = await self.hooks.spawn(spec, self.sink, None)
+            except SpawnError as exc:
+                self.set_state(State.FAILED, reason=exc.reason)
+                return None, exc.reason, 0.0
+            exited, command = asyncio.create_task(child.wait()), None
         self.child = child
         self.started_at = child.started_at
         if self.stop_requested:
             await child.stop(spec.shutdown.signum, spec.shutdown.timeout)
         self.health = None
         first = State.STARTING if spec.readiness is not None else State.RUNNING
-        self.set_state(first, pid=child.pid, reason="spawned")
-        exited = asyncio.create_task(child.wait())
-        if spec.prestart and not await self._gate_opened(child, exited):
+        self.set_state(first, pid=child.pid, reason="standby" if adopted else "spawned")
+        if spec.prestart and not await self._gate_opened(child, exited, command):
             code = await exited
             self.sink.on_line = None
             self.exit_code = code
@@ -312,10 +328,13 @@ class ProcessLife:
         self.hooks.flush_logs()
         return code, reason or describe_exit(code), time.time() - child.started_at
 
-    async def _gate_opened(self, child: ChildProcess, exited: asyncio.Task[int]) -> bool:
+    async def _gate_opened(
+        self, child: ChildProcess, exited: asyncio.Task[int], command: list[str] | None
+    ) -> bool:
         """A ``prestart`` child runs its imports while its dependencies come up; open its
-        start gate once they are met. False when it exited first, a stop was requested (the
-        stop ends it) or a dependency failed (it is stopped here, the process FAILED)."""
+        start gate once they are met (handing an adopted standby its ``command``). False
+        when it exited first, a stop was requested (the stop ends it) or a dependency
+        failed (it is stopped here, the process FAILED)."""
         deps = asyncio.create_task(self._failed_dependency())
         await asyncio.wait({exited, deps}, return_when=asyncio.FIRST_COMPLETED)
         if not deps.done():
@@ -325,7 +344,7 @@ class ProcessLife:
         if self.stop_requested:
             return False
         if not failed:
-            await child.open_gate()
+            await child.open_gate(command)
             return True
         if not exited.done():
             survivors = await child.stop(self.spec.shutdown.signum, self.spec.shutdown.timeout)
@@ -347,6 +366,8 @@ class ProcessLife:
             await probes.wait_ready(spec.readiness, client, ready_report, matcher)
             self.health = "ok"
             self.set_state(State.READY, reason="readiness probe passed")
+        if spec.standby and not self.stop_requested and not self.hooks.closing():
+            self.standby.keep(spec)
         if spec.liveness is None:
             await asyncio.Event().wait()
         assert spec.liveness is not None

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import time
@@ -58,13 +59,21 @@ def describe_exit(code: int) -> str:
 
 @dataclass
 class ChildProcess:
-    """A spawned child; ``announce`` tells the watchdog about groups and pids to guard."""
+    """A spawned child; ``announce`` tells the watchdog about groups and pids to guard.
+
+    ``tag`` is the process name in its environment (``GRPO_TUI_PROCESS``), which the stop's
+    scan looks for: the spec's name, or a standby's own tag (``lifecycle.Standby``), so
+    that stopping one incarnation never touches a standby waiting beside it. ``sink`` may
+    be swapped while the child runs (a standby's output goes to the process's log once it
+    is adopted).
+    """
 
     spec: ProcessSpec
     run_id: str
     sink: OutputSink
     announce: Callable[[str], None]
     proc: asyncio.subprocess.Process
+    tag: str
     started_at: float = field(default_factory=time.time)
     known: dict[int, psutil.Process] = field(default_factory=dict)
     _pump: asyncio.Task[None] | None = None
@@ -90,6 +99,7 @@ class ChildProcess:
         run_id: str,
         sink: OutputSink,
         announce: Callable[[str], None],
+        tag: str | None = None,
     ) -> ChildProcess:
         if spec.cwd is not None and not Path(spec.cwd).is_dir():
             raise SpawnError(f"working directory not found: {spec.cwd}")
@@ -112,16 +122,25 @@ class ChildProcess:
         except OSError as exc:
             raise SpawnError(f"cannot start {spec.command[0]}: {exc.strerror or exc}") from None
         announce(f"pgid {proc.pid}")
-        child = cls(spec=spec, run_id=run_id, sink=sink, announce=announce, proc=proc)
+        child = cls(
+            spec=spec,
+            run_id=run_id,
+            sink=sink,
+            announce=announce,
+            proc=proc,
+            tag=tag or spec.name,
+        )
         child._pump = asyncio.create_task(child._pump_output(), name=f"output:{spec.name}")
         return child
 
-    async def open_gate(self) -> None:
-        """Tell a ``prestart`` child that its dependencies are met (``start`` on its stdin)."""
+    async def open_gate(self, command: list[str] | None = None) -> None:
+        """Tell a ``prestart`` child that its dependencies are met (``start`` on its stdin);
+        a standby is handed the ``command`` it is to run (``grpo_trainer.start_gate``)."""
         stdin = self.proc.stdin
         assert stdin is not None, "only a prestart child has a start gate"
+        line = "start" if command is None else f"start {json.dumps(command)}"
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):  # it died meanwhile
-            stdin.write(b"start\n")
+            stdin.write(f"{line}\n".encode())
             await stdin.drain()
         stdin.close()
 
@@ -208,9 +227,7 @@ class ChildProcess:
         """Group members, tagged processes and remembered descendants still alive."""
         found = {p.pid: p for p in alive(self.known.values())}
         found.update({p.pid: p for p in await asyncio.to_thread(group_members, self.pgid)})
-        found.update(
-            {p.pid: p for p in await asyncio.to_thread(tagged, self.run_id, self.spec.name)}
-        )
+        found.update({p.pid: p for p in await asyncio.to_thread(tagged, self.run_id, self.tag)})
         return list(found.values())
 
     def _outside_group(self, procs: list[psutil.Process]) -> list[psutil.Process]:

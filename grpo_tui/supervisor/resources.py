@@ -69,17 +69,21 @@ class RunResources:
         assert self._client is not None, "the HTTP client is made when the run opens"
         return self._client
 
-    async def spawn(self, spec: ProcessSpec, sink: OutputSink) -> ChildProcess:
-        """Start one incarnation of ``spec`` in the run's environment, guarded by the watchdog."""
+    async def spawn(
+        self, spec: ProcessSpec, sink: OutputSink, tag: str | None = None
+    ) -> ChildProcess:
+        """Start one incarnation of ``spec`` in the run's environment, guarded by the watchdog
+        (``tag``: the name it carries in its environment, the spec's unless given)."""
         return await ChildProcess.spawn(
             spec,
-            env=self.child_env(spec),
+            env=self.child_env(spec, tag),
             run_id=self.run_id,
             sink=sink,
             announce=self.lifeline.announce,
+            tag=tag,
         )
 
-    def child_env(self, spec: ProcessSpec) -> dict[str, str]:
+    def child_env(self, spec: ProcessSpec, tag: str | None = None) -> dict[str, str]:
         """A child's environment; a Slurm step (maybe on another node) gets the control
         socket's TCP side and its token when there is one."""
         assert self._control is not None
@@ -91,7 +95,7 @@ class RunResources:
             "PYTHONUNBUFFERED": "1",
             **spec.env,
             **control,
-            PROCESS_VAR: spec.name,
+            PROCESS_VAR: tag or spec.name,
             **({GATE_ENV: "stdin"} if spec.prestart else {}),
             "GRPO_TUI_RUN_DIR": str(self.run_dir.resolve()),
             RUN_ID_VAR: self.run_id,

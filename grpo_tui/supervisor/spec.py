@@ -123,7 +123,10 @@ class ProcessSpec(Strict):
     scrapes for generated tokens/s (``<name>/tokens_per_s``). ``slurm_step`` is the
     job-step name (``srun --job-name``) of a process that runs as a Slurm step: stopping
     it, and the watchdog after a supervisor's death, also ``scancel`` the steps of that
-    name by id.
+    name by id. ``prestart``: spawned before its dependencies are met, it waits at its
+    start gate (``grpo_trainer.start_gate``) after its imports. ``standby`` (needs
+    ``prestart``): while it runs, one more incarnation waits at its gate, imports done, for
+    the next start (``grpo_tui.supervisor.standby``).
     """
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
@@ -140,6 +143,7 @@ class ProcessSpec(Strict):
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     shutdown: Shutdown = Field(default_factory=Shutdown)
     prestart: bool = False
+    standby: bool = False
 
     @model_validator(mode="after")
     def _not_self_dependent(self) -> ProcessSpec:
@@ -147,4 +151,8 @@ class ProcessSpec(Strict):
             raise ValueError(f"process {self.name!r} depends on itself")
         if self.prestart and self.slurm_step is not None:
             raise ValueError(f"process {self.name!r}: prestart needs a local process (stdin)")
+        if self.standby and not self.prestart:
+            raise ValueError(
+                f"process {self.name!r}: standby needs prestart (a standby waits at its start gate)"
+            )
         return self

@@ -58,7 +58,8 @@ class Held:
         self._start = start
 
     async def stop(self, name: str) -> None:
-        await self._held(name).stop()
+        """Stop ``name`` to start it again: a standby it has waits for that start."""
+        await self._held(name).stop(keep_standby=True)
 
     async def start(self, name: str) -> None:
         """Start ``name`` unless its life task runs; raises ``ShuttingDown`` once closing."""

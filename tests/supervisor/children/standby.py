@@ -1,0 +1,19 @@
+"""A standby-capable child: says it loaded, waits at its start gate for a command, then says
+it started with the arguments it runs with and lives until stopped (``exit N`` among them:
+it exits N right away instead)."""
+
+import json
+import os
+import sys
+import time
+
+from grpo_trainer.start_gate import wait_for_command
+
+print(f"loaded {os.getpid()}", flush=True)
+handed = wait_for_command()
+args = sys.argv[1:] if handed is None else handed
+print(f"started {os.getpid()} {json.dumps(args)}", flush=True)
+if "exit" in args:
+    sys.exit(int(args[args.index("exit") + 1]))
+while True:
+    time.sleep(1)
