@@ -28,7 +28,7 @@ from grpo_trainer.serve.replicas import Replicas
 from grpo_trainer.serve.service import InferenceService
 from grpo_trainer.serve.settings import API_KEY_ENV
 from grpo_trainer.serve.shared import SharedWeightsError, attach_server
-from grpo_trainer.start_gate import wait_for_start
+from grpo_trainer.start_gate import wait_for_command
 from grpo_trainer.stop_signal import exit_zero_on_stop
 
 
@@ -186,17 +186,9 @@ def build_service(args: argparse.Namespace) -> InferenceService:
     )
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Parse arguments, load everything, then serve until SIGTERM / SIGINT."""
+def parse_checked(argv: list[str] | None) -> argparse.Namespace:
+    """The arguments, or exit 2 with the reason (bad flags, no key beyond loopback)."""
     args = build_parser().parse_args(argv)
-    exit_zero_on_stop()
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-    torch.manual_seed(args.seed)
-    threads = torch_threads(args.cpu_threads, args.device)
-    if threads is not None:
-        torch.set_num_threads(threads)
-    print(f"torch CPU threads: {torch.get_num_threads()}", flush=True)
     if args.api_key is None and not is_loopback(args.host):
         print(
             f"grpo_trainer.serve: error: --host {args.host} is not a loopback address: set "
@@ -205,7 +197,27 @@ def main(argv: list[str] | None = None) -> None:
             flush=True,
         )
         sys.exit(2)
-    wait_for_start()
+    return args
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse arguments, load everything, then serve until SIGTERM / SIGINT.
+
+    Under a supervisor's start gate the imports come first; a standby is handed the
+    arguments of the incarnation it becomes there (``grpo_trainer.start_gate``).
+    """
+    args = parse_checked(argv)
+    exit_zero_on_stop()
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+    handed = wait_for_command()
+    if handed is not None:
+        args = parse_checked(handed)
+    torch.manual_seed(args.seed)
+    threads = torch_threads(args.cpu_threads, args.device)
+    if threads is not None:
+        torch.set_num_threads(threads)
+    print(f"torch CPU threads: {torch.get_num_threads()}", flush=True)
     try:
         service = build_service(args)
     except (OSError, ValueError, AdapterError, SharedWeightsError) as error:

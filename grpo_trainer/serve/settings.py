@@ -11,6 +11,7 @@ the LoRA modes that name is the adapter, and the base model is served as
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -21,6 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from grpo_trainer.api.settings import is_loopback
+from grpo_trainer.cache import cache_dir
 
 Backend = Literal["builtin", "vllm", "sglang"]
 Mode = Literal["none", "shared_vllm", "lora_only", "lora_restart", "colocate"]
@@ -28,6 +30,9 @@ LORA_MODES: tuple[str, ...] = ("lora_only", "lora_restart")
 SHARED_MODES: tuple[str, ...] = ("shared_vllm", "colocate")
 """Modes where the built-in server's weights are the trainer's (``--shared-weights``)."""
 VLLM_WORKER_EXTENSION = "grpo_trainer.sync.vllm_worker.SharedWeightsExtension"
+VLLM_CLI_MODULE = "vllm.entrypoints.cli.main"
+VLLM_LAUNCH_MODULE = "grpo_trainer.serve.vllm_launch"
+"""vLLM's CLI run in-process after its imports and the start gate (``vllm_preimport``)."""
 SGLANG_MODULE = "sglang.launch_server"
 SGLANG_TOKEN_LAUNCH = "grpo_trainer.serve.sglang_launch"
 """Beyond loopback, SGLang is started through this module, which passes it the token."""
@@ -113,6 +118,16 @@ class InferenceSettings(BaseModel):
         min_length=1,
         description="how to invoke vLLM's CLI, e.g. ['python3', '-m', 'vllm.entrypoints.cli.main']",
     )
+    vllm_preimport: bool = Field(
+        default=True,
+        description=(
+            "vLLM only: start it through grpo_trainer.serve.vllm_launch in vLLM's Python, "
+            "which imports vLLM's CLI (20-30 s) before the start gate, so that the imports "
+            "overlap the run's other start-up and a restart can adopt a standby that did "
+            "them already; false runs vllm_executable as given. A vllm_executable other "
+            "than 'vllm' or [python, '-m', 'vllm.entrypoints.cli.main'] is always run as given"
+        ),
+    )
     sglang_executable: list[str] = Field(
         default_factory=lambda: [sys.executable, "-m", SGLANG_MODULE],
         min_length=1,
@@ -166,12 +181,17 @@ class InferenceSettings(BaseModel):
 
 
 class InferenceLaunch(BaseModel):
-    """A resolved launch: the argv to exec and the environment variables to add."""
+    """A resolved launch: the argv to exec and the environment variables to add.
+
+    ``gated``: the command reads the start gate after its imports and takes a new command
+    there (``grpo_trainer.start_gate``), so it may be spawned early, and kept as a standby.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     argv: list[str]
     env: dict[str, str]
+    gated: bool = False
 
 
 def inference_command(
@@ -250,7 +270,7 @@ def _builtin_command(
         argv += ["--shared-weights", shared_dir]
     if mode == "colocate":
         argv.append("--enable-sleep-mode")
-    return InferenceLaunch(argv=[*argv, *settings.extra_args], env={})
+    return InferenceLaunch(argv=[*argv, *settings.extra_args], env={}, gated=True)
 
 
 VLLM_FLAGS = {
@@ -284,11 +304,48 @@ def _engine_flags(settings: InferenceSettings, names: dict[str, str]) -> list[st
     return argv
 
 
+def vllm_start_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """What our vLLM servers start with, each unless the supervisor's environment sets it
+    already (and a profile overrides either with ``[process.inference] env``)."""
+    environ = os.environ if environ is None else environ
+    wanted = {
+        # vLLM caches the model-class inspection (modelinfos/: a subprocess importing vLLM
+        # again, ~23 s on a cold start) and torch.compile's artifacts (Inductor, 14-16 s)
+        # under its cache root. Ours lives in the grpo-tui cache: the next start, and the
+        # next run, reuse both, and one variable moves or clears every cache we keep.
+        "VLLM_CACHE_ROOT": str(cache_dir("vllm").absolute()),
+        # vLLM's CLI sets spawn when this is unset (vllm/entrypoints/serve/utils/
+        # api_utils.py, cli_env_setup): the engine core is then a fresh interpreter that
+        # imports vLLM again, ~20 s on an H200. Forked, it inherits the API server's
+        # imports and starts within a second. Safe here: the API server has not touched
+        # CUDA when it forks, and vLLM itself falls back to spawn, with a warning, when
+        # CUDA is initialised (vllm/utils/system_utils.py, _maybe_force_spawn).
+        "VLLM_WORKER_MULTIPROC_METHOD": "fork",
+    }
+    return {key: value for key, value in wanted.items() if key not in environ}
+
+
+def _vllm_launcher(settings: InferenceSettings) -> tuple[list[str], bool]:
+    """How to start vLLM's CLI, and whether that reads the start gate: our launcher in
+    vLLM's Python (``vllm_preimport``) where we can name that Python, else the CLI as
+    configured. The plain ``vllm`` script is ours to replace only when this interpreter
+    can import vLLM (``pip install 'grpo-tui[vllm]'``)."""
+    executable = settings.vllm_executable
+    if not settings.vllm_preimport:
+        return executable, False
+    if len(executable) == 3 and executable[1:] == ["-m", VLLM_CLI_MODULE]:
+        return [executable[0], "-m", VLLM_LAUNCH_MODULE], True
+    if executable == ["vllm"] and importlib.util.find_spec("vllm") is not None:
+        return [sys.executable, "-m", VLLM_LAUNCH_MODULE], True
+    return executable, False
+
+
 def _vllm_command(
     settings: InferenceSettings, *, mode: str, model: str, adapter: str | None
 ) -> InferenceLaunch:
+    launcher, gated = _vllm_launcher(settings)
     argv = [
-        *settings.vllm_executable,
+        *launcher,
         "serve",
         *_serve_flags(settings, mode=mode, model=model),
         "--logprobs-mode",
@@ -297,7 +354,7 @@ def _vllm_command(
     argv += _engine_flags(settings, VLLM_FLAGS)
     if not is_loopback(settings.host):
         argv += ["--middleware", VLLM_TOKEN_GUARD]
-    env: dict[str, str] = {}
+    env = vllm_start_env()
     if mode in LORA_MODES:
         argv += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank)]
         if adapter is not None:
@@ -318,7 +375,7 @@ def _vllm_command(
         # trainer's tensors by CUDA IPC and loads them (``grpo_load_weights``).
         argv += ["--enable-sleep-mode", "--worker-extension-cls", VLLM_WORKER_EXTENSION]
         env["VLLM_SERVER_DEV_MODE"] = "1"
-    return InferenceLaunch(argv=[*argv, *settings.extra_args], env=env)
+    return InferenceLaunch(argv=[*argv, *settings.extra_args], env=env, gated=gated)
 
 
 SGLANG_REFUSED: dict[str, str] = {

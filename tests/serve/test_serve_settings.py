@@ -11,9 +11,11 @@ from pydantic import ValidationError
 
 from grpo_trainer.serve.__main__ import build_parser, torch_threads
 from grpo_trainer.serve.settings import (
+    VLLM_LAUNCH_MODULE,
     VLLM_WORKER_EXTENSION,
     InferenceSettings,
     inference_command,
+    vllm_start_env,
 )
 
 MODES = ("none", "lora_only", "lora_restart", "shared_vllm", "colocate")
@@ -41,7 +43,7 @@ def test_vllm_full_modes_serve_the_stable_name() -> None:
     launch = inference_command(settings, mode="none", model="M")
     assert flag(launch.argv, "--served-model-name") == "policy"
     assert "--enable-lora" not in launch.argv
-    assert launch.env == {}
+    assert launch.env == vllm_start_env()
 
 
 @pytest.mark.parametrize("mode", ["lora_only", "lora_restart"])
@@ -70,7 +72,7 @@ def test_vllm_shared_mode_uses_dev_mode_and_the_worker_extension() -> None:
     )
     launch = inference_command(settings, mode="shared_vllm", model="M")
     argv = launch.argv
-    assert argv[:4] == ["python3", "-m", "vllm.entrypoints.cli.main", "serve"]
+    assert argv[:4] == ["python3", "-m", VLLM_LAUNCH_MODULE, "serve"]  # vllm_preimport
     assert flag(argv, "--worker-extension-cls") == VLLM_WORKER_EXTENSION
     assert json.loads(flag(argv, "--weight-transfer-config")) == {"backend": "nccl"}
     assert flag(argv, "--gpu-memory-utilization") == "0.3"
@@ -80,7 +82,7 @@ def test_vllm_shared_mode_uses_dev_mode_and_the_worker_extension() -> None:
     assert "--data-parallel-size" not in argv  # 1 is vLLM's default: the flag stays out
     assert argv[-2:] == ["--max-num-seqs", "64"]
     # the GPUs become CUDA_VISIBLE_DEVICES in the role layer's launcher, not here
-    assert launch.env == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert launch.env == {**vllm_start_env(), "VLLM_SERVER_DEV_MODE": "1"}
 
 
 def test_vllm_colocate_sleeps_and_takes_weights_by_ipc() -> None:
@@ -92,7 +94,7 @@ def test_vllm_colocate_sleeps_and_takes_weights_by_ipc() -> None:
     assert "--enable-sleep-mode" in launch.argv
     assert flag(launch.argv, "--worker-extension-cls") == VLLM_WORKER_EXTENSION
     assert "--weight-transfer-config" not in launch.argv
-    assert launch.env == {"VLLM_SERVER_DEV_MODE": "1"}
+    assert launch.env == {**vllm_start_env(), "VLLM_SERVER_DEV_MODE": "1"}
 
 
 def test_worker_extension_path_names_a_real_class() -> None:

@@ -8,6 +8,11 @@ sample differently, a request carrying ``seed`` exactly the same.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +21,7 @@ from serve_helpers import free_port
 
 from grpo_trainer.serve.launch import ServerProcess
 from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.start_gate import GATE_ENV
 
 PROMPT = "abc"
 SAMPLES = 8
@@ -71,3 +77,36 @@ def test_a_cpu_server_runs_one_torch_thread_by_default(server: ServerProcess) ->
     """The role layer's command (``inference_command``, device cpu, threads unset)."""
     assert "--cpu-threads" in server.launch.argv
     assert "torch CPU threads: 1" in server.log_path.read_text()
+
+
+def test_a_gated_server_becomes_the_command_handed_through_its_gate(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    """A standby: started for one port and name, it serves the ones handed at its gate."""
+    spare = inference_command(
+        InferenceSettings(port=free_port(), served_model_name="old"), mode="none", model="nope"
+    )
+    new = InferenceSettings(port=free_port(), served_model_name="new", max_model_len=64)
+    become = inference_command(new, mode="none", model=str(tiny_model_dir))
+    assert spare.argv[:3] == become.argv[:3] == [sys.executable, "-m", "grpo_trainer.serve"]
+    with (tmp_path / "standby.log").open("wb") as log:
+        proc = subprocess.Popen(
+            spare.argv, env={**os.environ, GATE_ENV: "stdin"}, stdin=subprocess.PIPE,
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        assert proc.stdin is not None
+        proc.stdin.write(f"start {json.dumps(become.argv)}\n".encode())
+        proc.stdin.close()
+        with httpx.Client(timeout=2) as client:
+            for _ in range(600):
+                assert proc.poll() is None, (tmp_path / "standby.log").read_text()
+                try:
+                    models = client.get(f"{new.base_url}/v1/models").json()
+                    break
+                except httpx.HTTPError:
+                    time.sleep(0.1)
+        assert [m["id"] for m in models["data"]] == ["new"]
+    finally:
+        proc.terminate()
+        proc.wait(30)
