@@ -55,6 +55,9 @@ class WeightSync(ABC):
     mode: ClassVar[str]
     sleeps: ClassVar[bool] = False
     """True when inference sleeps through the training step (``colocate``)."""
+    attaches_at_server: ClassVar[bool] = True
+    """True when ``attach`` talks to the inference server (the trainer waits for it first:
+    the two may start side by side); False where a sync alone reaches it."""
 
     def __init__(self, context: SyncContext) -> None:
         self.context = context

@@ -8,6 +8,7 @@ against stale weights: the caller decides whether to stop or to retry at the nex
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -78,18 +79,27 @@ class InferenceClient:
         """``GET path``."""
         return self.call("GET", path)
 
-    def wait_healthy(self, timeout: float) -> float:
-        """Poll ``/health`` until 200; returns the seconds waited, raises ``SyncError``."""
+    def wait_healthy(
+        self, timeout: float, say: Callable[[float], None] | None = None, every: float = 15.0
+    ) -> float:
+        """Poll ``/health`` until 200; returns the seconds waited, raises ``SyncError``.
+        ``say(seconds so far)`` is called when the first poll fails and then every ``every``
+        seconds while it waits."""
         start = time.monotonic()
         deadline = start + timeout
+        told = start - every
         while True:
             try:
                 if self.http.get("/health", timeout=2.0).status_code == 200:
                     return time.monotonic() - start
             except httpx.HTTPError:
                 pass
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if now > deadline:
                 raise SyncError(f"{self.base_url}/health not 200 within {timeout:.0f} s")
+            if say is not None and now - told >= every:
+                told = now
+                say(now - start)
             time.sleep(0.1)
 
     def close(self) -> None:

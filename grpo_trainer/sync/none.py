@@ -22,6 +22,7 @@ class RestartSync(WeightSync):
     """Save full weights + tokenizer, restart inference on them, wait until healthy."""
 
     mode = "none"
+    attaches_at_server = False
 
     def __init__(
         self,

@@ -89,6 +89,7 @@ class SglangDiskSync(WeightSync):
     """Mode ``none`` on SGLang: full weights to disk, reloaded in place (no restart)."""
 
     mode = "none"
+    attaches_at_server = False
 
     def __init__(self, context: SyncContext) -> None:
         super().__init__(context)

@@ -113,6 +113,12 @@ class TrainerConfig(BaseModel):
         None, description="the API's bearer token; default $GRPO_API_TOKEN (kept out of ps)"
     )
     api_timeout: float = Field(60.0, gt=0, description="max wait for the API at start, seconds")
+    inference_timeout: float = Field(
+        900.0,
+        gt=0,
+        description="max wait for the inference server's /health before the first weight "
+        "attach, seconds (it may start alongside the trainer)",
+    )
     lease_seconds: float = Field(600.0, gt=0)
     batches_file: str | None = Field(None, description="offline JSONL of groups instead of API")
 

@@ -10,7 +10,7 @@ import torch
 from grpo_trainer.api.settings import TOKEN_ENV
 from grpo_trainer.models import load_tokenizer
 from grpo_trainer.sync.base import SyncContext, WeightSync
-from grpo_trainer.sync.client import SyncError
+from grpo_trainer.sync.client import InferenceClient, SyncError
 from grpo_trainer.train.api_client import ApiClient, ApiRefused, ApiUnreachable, Registration
 from grpo_trainer.train.config import EXIT_BAD_CONFIG, TrainerConfig
 from grpo_trainer.train.data import DataError
@@ -75,6 +75,41 @@ def sync_context(config: TrainerConfig) -> SyncContext:
     )
 
 
+def wait_for_inference(
+    config: TrainerConfig, reporter: Reporter, strategy: WeightSync | None
+) -> None:
+    """Before the first weight attach: wait for the inference server's ``/health``.
+
+    The role layer starts the trainer alongside inference where the GPU allows it (a fixed
+    KV cache, or other GPUs), so that the model loads while the server starts; here the
+    trainer waits for the server, at most ``inference_timeout`` seconds (``SyncError``
+    then), saying what it waits for when it starts waiting and every 15 s after. Returns at
+    once when the server is up already. Only where something needs the server before the
+    first step: a ``strategy`` whose attach talks to it, or a GPU whose room is to be
+    checked beside it (``gpu_fit_problem``).
+    """
+    if strategy is None:
+        return
+    if not strategy.attaches_at_server and not config.device.startswith("cuda"):
+        return
+    client = InferenceClient(config.inference_url)
+    url, limit = config.inference_url, config.inference_timeout
+
+    def say(seconds: float) -> None:
+        reporter.event(
+            "info",
+            f"waiting for inference at {url}/health (it starts alongside; needed before the "
+            f"first step): {seconds:.0f} s of at most {limit:.0f} s (inference_timeout)",
+        )
+
+    try:
+        waited = client.wait_healthy(limit, say)
+    finally:
+        client.close()
+    if waited >= 1.0:
+        reporter.event("info", f"inference healthy after {waited:.1f} s with the model loaded")
+
+
 def gpu_fit_problem(config: TrainerConfig, model: torch.nn.Module) -> str | None:
     """Before the first step, on the GPU vLLM shares: is there room for the optimizer state?
 
@@ -122,13 +157,6 @@ def _sharded_trainer(
     )
     policy = build_policy(on_cpu, point)
     consolidator = Consolidator(policy.model, world, config.dtype)
-    shard = {"dtype": config.dtype, "cpu_offload": config.cpu_offload}
-    model = shard_model(
-        policy.model, world, activation_checkpointing=config.gradient_checkpointing, **shard
-    )
-    reference = reference_model(on_cpu)
-    if reference is not None:
-        reference = shard_model(reference, world, **shard)
     strategy: WeightSync | None = None
     if config.sync_every and config.weight_bridge_mode == "colocate":
         from grpo_trainer.sync.colocate_ranks import ColocateRanksSync
@@ -143,6 +171,14 @@ def _sharded_trainer(
             consolidator=consolidator,
             dtype=DTYPES[config.dtype],
         )
+    wait_for_inference(config, reporter, strategy)  # every rank: the attach is collective
+    shard = {"dtype": config.dtype, "cpu_offload": config.cpu_offload}
+    model = shard_model(
+        policy.model, world, activation_checkpointing=config.gradient_checkpointing, **shard
+    )
+    reference = reference_model(on_cpu)
+    if reference is not None:
+        reference = shard_model(reference, world, **shard)
     return Trainer(
         config,
         model,
@@ -159,8 +195,11 @@ def _sharded_trainer(
 
 
 def _trainer(config: TrainerConfig, reporter: Reporter, point: ResumePoint | None) -> Trainer:
-    """The single-process trainer: one device, no process group."""
+    """The single-process trainer: one device, no process group. The GPU's room is checked
+    once inference is up (it may start alongside)."""
     policy = build_policy(config, point)
+    strategy = make_strategy(config, reporter)
+    wait_for_inference(config, reporter, strategy)
     problem = gpu_fit_problem(config, policy.model)
     if problem is not None:
         raise GpuDoesNotFit(problem)
@@ -171,7 +210,7 @@ def _trainer(config: TrainerConfig, reporter: Reporter, point: ResumePoint | Non
         base=policy.base,
         source=make_source(config, reporter),
         reporter=reporter,
-        strategy=make_strategy(config, reporter),
+        strategy=strategy,
         reference=reference_model(config),
         resume=point,
     )
