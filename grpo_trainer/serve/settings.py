@@ -171,6 +171,18 @@ class InferenceSettings(BaseModel):
         return ["--cpu-threads", "1"] if self.device == "cpu" else []
 
     @property
+    def sizes_kv_from_free_memory(self) -> bool:
+        """Whether the engine sizes its KV cache from the GPU memory free while it starts,
+        so that another process allocating on its GPU meanwhile shrinks or fails it: vLLM
+        unless ``--kv-cache-memory-bytes`` fixes the size, SGLang always
+        (``--mem-fraction-static`` of the free memory); the built-in server allocates per
+        batch."""
+        if self.backend == "vllm":
+            flag = "--kv-cache-memory-bytes"
+            return not any(a == flag or a.startswith(f"{flag}=") for a in self.extra_args)
+        return self.backend == "sglang"
+
+    @property
     def base_url(self) -> str:
         """Root URL of the server (``/health``, ``/v1/...`` hang off it)."""
         return f"http://{self.host}:{self.port}"

@@ -14,7 +14,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from grpo_trainer.api.settings import TOKEN_ENV
-from grpo_trainer.serve.settings import inference_command, request_model_name
+from grpo_trainer.serve.settings import InferenceSettings, inference_command, request_model_name
+from grpo_trainer.sync.restart import restarts_inference
 from grpo_tui.plan.launchers import Launch
 from grpo_tui.plan.overrides import Overrides
 from grpo_tui.plan.profile import KeyPath
@@ -47,6 +48,7 @@ TRAINER_SHUTDOWN = 120.0
 INFERENCE_SHUTDOWN = 8.0
 
 HEALTHY = Dependency(condition=Condition.HEALTHY)
+STARTED = Dependency(condition=Condition.STARTED)
 BUILT = Dependency(condition=Condition.COMPLETED)
 
 Builder = Callable[[RoleSettings, Topology, Overrides], ProcessSpec]
@@ -106,7 +108,8 @@ def inference_spec(settings: RoleSettings, topology: Topology, overrides: Overri
         port=served.port,
         metrics_url=f"{settings.inference_url}/metrics",
         depends_on=_model_deps(settings),
-        prestart=served.backend == "builtin" and launch.argv == command.argv,
+        prestart=command.gated and launch.argv == command.argv,
+        standby=command.gated and launch.argv == command.argv and _standby(served, overrides),
         readiness=HttpProbe(url=health, period=0.25, timeout=2.0),
         liveness=HttpProbe(
             url=health, initial_delay=10, period=15, timeout=10, failure_threshold=4
@@ -120,7 +123,10 @@ def trainer_spec(settings: RoleSettings, topology: Topology, overrides: Override
     """The trainer in the overrides' mode: one process, or torchrun over its ranks."""
     depends = _model_deps(settings)
     depends.update({r: HEALTHY for r in ("api", "inference") if r in settings.roles})
-    argv = trainer_config(settings, overrides.mode).argv()
+    config = trainer_config(settings, overrides.mode)
+    if "inference" in depends and _loads_alongside(settings, config.device):
+        depends["inference"] = STARTED  # it waits for /health itself (inference_timeout)
+    argv = config.argv()
     launch, step = topology.launch(
         "trainer", Launch(argv=argv), shutdown_timeout=TRAINER_SHUTDOWN, ranks_per_gpu=True
     )
@@ -212,6 +218,27 @@ def source(name: str, adjustment: Mapping[str, Any] | None) -> KeyPath:
     if name.startswith("env"):
         return ("env", env_index(name))
     return (name,)
+
+
+def _standby(served: InferenceSettings, overrides: Overrides) -> bool:
+    """Keep a gated next incarnation of inference ready: vLLM in every mode (a crash
+    restart would wait 20-30 s of imports; a standby holds host memory, no GPU memory),
+    the built-in server where the mode restarts it at each sync."""
+    return served.backend == "vllm" or restarts_inference(overrides.mode, served.backend)
+
+
+def _loads_alongside(settings: RoleSettings, trainer_device: str) -> bool:
+    """The trainer may load its model while inference starts: off the GPU, on GPUs
+    inference does not use, or beside an engine that does not size its KV cache from the
+    memory free while it starts (vLLM with ``--kv-cache-memory-bytes``, the built-in
+    server). On a cluster it waits for inference's health, as before."""
+    served = settings.inference
+    if served is None or settings.cluster.slurm:
+        return False
+    if not trainer_device.startswith("cuda") or not served.sizes_kv_from_free_memory:
+        return True
+    pinned = set(settings.trainer_gpus), set(served.gpus or ())
+    return all(pinned) and not pinned[0] & pinned[1]
 
 
 def _model_deps(settings: RoleSettings) -> dict[str, Dependency]:
