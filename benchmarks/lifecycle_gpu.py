@@ -19,8 +19,10 @@ Each arm has its own ``GRPO_TUI_CACHE``, fresh at the call's start: its first ce
 the first run after install, later ones a warm cache. Cells run in *lanes*, one per GPU
 (``--lane GPUS=PHASES``): the phases of a lane one after another, the cells of a phase at
 the same time (``colocate`` alone: vLLM's sleep asserts when another process allocates on
-its GPU). A cell stops at the 5-step mean reward ``--target`` (``lora_restart``: at its
-first restart; a switch cell: after its last switch), at its cap or at the budget's end.
+its GPU). A cell stops at the 5-step mean reward ``--target`` (``lora_restart``: after
+``--restarts`` restarts, 2 by default: the first may come before the standby has finished
+its imports, the second shows a standby ready; a switch cell: after its last switch), at
+its cap or at the budget's end.
 Switches go through the run's control socket (``switch_mode``), after ``HOP_STEPS``
 steps in each mode.
 
@@ -52,10 +54,10 @@ from typing import Any
 
 import psutil
 import tomli_w
-from gpu_modes import _lines, facts, free_ports, run_id_of, sweep, tail
+from gpu_modes import _lines, facts, free_ports, run_id_of, sweep
 from gpu_workload import stop_group
 from lifecycle_report import markdown
-from quickstart_gpu import ModeRun, profile_copy, read
+from quickstart_gpu import ModeRun, failure_tails, profile_copy, read
 from vllm_startup import PHASES
 
 from grpo_trainer.control import ControlError, SupervisorLink
@@ -210,7 +212,7 @@ def run_cell(cell: Cell, index: int, deadline: float, args: argparse.Namespace) 
                 switcher.start()
             elif switcher is not None and not switcher.is_alive():
                 switcher = None
-            if done(cell):
+            if done(cell, args.restarts):
                 break
             time.sleep(1.0)
     finally:
@@ -223,21 +225,17 @@ def run_cell(cell: Cell, index: int, deadline: float, args: argparse.Namespace) 
     measure(cell, where, began)
     cell.status = status(cell, proc.returncode)
     if not cell.run.rewards:
-        runs = sorted((where / "runs").glob("*/"))
-        logs = sorted(runs[-1].glob("logs/*.log")) if runs else []
-        cell.reason = " | ".join(
-            f"{p.name}: {tail(p, 5)}" for p in [where / "supervisor.err", *logs] if tail(p, 1)
-        )[-2000:]
+        cell.reason = failure_tails(where)
 
 
-def done(cell: Cell) -> bool:
+def done(cell: Cell, restarts: int) -> bool:
     """The cell's stop rule (see the module docstring)."""
     run = cell.run
     if cell.hops:
         switched = len(cell.switches) == len(cell.hops)
         return switched and len(run.rewards) >= HOP_STEPS * (len(cell.hops) + 1)
     if cell.mode == "lora_restart":
-        return bool(run.sync_times)
+        return len(run.sync_times) >= restarts
     return run.target_step is not None
 
 
@@ -334,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--cap", type=float, default=0.0, help="every cell's cap, seconds")
     parser.add_argument("--min-cell", type=float, default=45.0, help="least seconds to start")
+    parser.add_argument("--restarts", type=int, default=2, help="lora_restart restarts to time")
     parser.add_argument("--before-set", action="append", default=[], help="KEY.PATH=VALUE")
     parser.add_argument("--cpu", action="store_true", help="built-in server on CPU (plumbing)")
     args = parser.parse_args(argv)

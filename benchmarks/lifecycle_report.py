@@ -60,8 +60,11 @@ def summary(cells: list[Cell], target: float) -> list[str]:
         )
     row = [best(cells, arm, "lora_restart") for arm in ("before", "after", "graphs")]
     lines.append(
-        "| lora_restart, one restart (trainer's sync_time) | "
-        + " | ".join(seconds(c.run.sync_times[0]) if c and c.run.sync_times else "-" for c in row)
+        "| lora_restart, one restart (trainer's sync_time, each in order) | "
+        + " | ".join(
+            " / ".join(f"{s:.1f}" for s in c.run.sync_times) if c and c.run.sync_times else "-"
+            for c in row
+        )
         + " | <= 20 |"
     )
     hops = {arm: [s["seconds"] for c in cells if c.arm == arm and c.hops for s in c.switches

@@ -204,11 +204,16 @@ def watch(
         run.status = "not reached in the time given"
     else:
         run.status = f"failed (exit {proc.returncode})"
-        runs = sorted((cell / "runs").glob("*/"))
-        logs = sorted(runs[-1].glob("logs/*.log")) if runs else []
-        run.reason = " | ".join(
-            f"{p.name}: {tail(p, 5)}" for p in [cell / "supervisor.err", *logs] if tail(p, 1)
-        )[-2000:]
+        run.reason = failure_tails(cell)
+
+
+def failure_tails(cell: Path) -> str:
+    """The last lines of the supervisor's stderr and of every log of a cell's newest run."""
+    runs = sorted((cell / "runs").glob("*/"))
+    logs = sorted(runs[-1].glob("logs/*.log")) if runs else []
+    return " | ".join(
+        f"{p.name}: {tail(p, 5)}" for p in [cell / "supervisor.err", *logs] if tail(p, 1)
+    )[-2000:]
 
 
 def port_base(backend: str) -> int:

@@ -67,7 +67,7 @@ def test_a_cpu_pass_measures_start_up_restarts_and_a_switch(tmp_path: Path) -> N
     )
     code = lifecycle_gpu.main(
         ["--out", str(tmp_path), "--cpu", "--target", "0", "--cap", "150",
-         "--min-cell", "5", "--budget", "560", "--lane", lane]
+         "--min-cell", "5", "--budget", "560", "--restarts", "1", "--lane", lane]
     )  # fmt: skip
     raw = json.loads((tmp_path / "lifecycle_gpu.json").read_text())
     cells = {f"{c['arm']}/{'switch' if c['hops'] else c['mode']}": c for c in raw["cells"]}
@@ -91,5 +91,5 @@ def test_a_cpu_pass_measures_start_up_restarts_and_a_switch(tmp_path: Path) -> N
     events = "".join(path.read_text() for path in runs)
     assert "adopting its standby" in events, "the after arm's restart used its standby"
     table = (tmp_path / "lifecycle_gpu.md").read_text()
-    assert "| lora_restart, one restart (trainer's sync_time) |" in table
+    assert "| lora_restart, one restart (trainer's sync_time, each in order) |" in table
     assert "| after/switch | shared_vllm -> lora_only | 3 |" in table
