@@ -106,8 +106,10 @@ def test_today_s_start_is_one_profile_away(tmp_path: Path) -> None:
     assert waits_for(plan["trainer"]) == Condition.HEALTHY
 
 
-@pytest.mark.parametrize(("mode", "standby"), [("none", True), ("lora_restart", True),
-                                               ("lora_only", False), ("shared_vllm", False)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("mode", "standby"),
+    [("none", True), ("lora_restart", True), ("lora_only", False), ("shared_vllm", False)],
+)
 def test_the_built_in_server_keeps_a_standby_where_its_mode_restarts_it(
     tmp_path: Path, mode: str, standby: bool
 ) -> None:

@@ -61,3 +61,30 @@ def test_sigkilled_supervisor_leaves_no_descendant(tmp_path, recorded_pids) -> N
     while alive(family) and time.monotonic() - killed_at < 5.0:
         time.sleep(0.05)
     assert alive(family) == [], "descendants outlived the supervisor by 5 s"
+
+
+def test_sigkilled_supervisor_leaves_no_standby(tmp_path, recorded_pids) -> None:
+    """A standby waits at its gate beside the running incarnation; both go with the
+    supervisor (the watchdog knows the standby's group and the run's tag)."""
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    host = psutil.Popen(
+        [sys.executable, str(CHILDREN / "host_standby.py"), str(tmp_path / "run"), str(pids)],
+        stdout=-3,
+        stderr=-3,
+    )
+    recorded_pids.append(host.pid)
+    deadline = time.monotonic() + 30
+    while len(list(pids.iterdir())) < 2:  # the incarnation, then its standby, loaded
+        assert host.poll() is None, "the supervisor host exited early"
+        assert time.monotonic() < deadline, f"only {list(pids.iterdir())} loaded"
+        time.sleep(0.05)
+    family = [int(path.name) for path in pids.iterdir()]
+    recorded_pids.extend(family)
+    assert len(alive(family)) == 2
+    host.send_signal(signal.SIGKILL)
+    host.wait()
+    killed_at = time.monotonic()
+    while alive(family) and time.monotonic() - killed_at < 5.0:
+        time.sleep(0.05)
+    assert alive(family) == [], "the incarnation or its standby outlived the supervisor"

@@ -77,11 +77,13 @@ async def test_restart_adopts_the_standby_with_the_new_command(supervise) -> Non
 async def standby_pid_after(h: Any, previous: int) -> int:
     life = h.sup._life("server")
     await h.until(
-        lambda e: isinstance(e, Notice)
-        and "standby spawned" in e.message
-        and f"pid {previous}," not in e.message
-        and life.standby.child is not None
-        and life.standby.child.pid != previous
+        lambda e: (
+            isinstance(e, Notice)
+            and "standby spawned" in e.message
+            and f"pid {previous}," not in e.message
+            and life.standby.child is not None
+            and life.standby.child.pid != previous
+        )
     )
     return life.standby.child.pid
 
@@ -94,9 +96,7 @@ async def test_a_crash_restart_adopts_the_standby(supervise) -> None:
     first = h.sup.status()["server"].pid
     spare = await standby_pid(h)
     os.kill(first, 9)
-    await h.until(
-        lambda e: isinstance(e, StateChanged) and e.new == State.READY and e.pid == spare
-    )
+    await h.until(lambda e: isinstance(e, StateChanged) and e.new == State.READY and e.pid == spare)
     assert notices(h, f"adopting its standby (pid {spare})")
     assert started(h.sup.recent_lines("server"))[-1] == (spare, ["run"])
 

@@ -1,15 +1,19 @@
-"""A standby-capable child: says it loaded, waits at its start gate for a command, then says
-it started with the arguments it runs with and lives until stopped (``exit N`` among them:
-it exits N right away instead)."""
+"""A standby-capable child: says it loaded (and, with ``PID_DIR`` set, leaves a file named by
+its pid there), waits at its start gate for a command, then says it started with the
+arguments it runs with and lives until stopped (``exit N`` among them: it exits N right away
+instead)."""
 
 import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from grpo_trainer.start_gate import wait_for_command
 
 print(f"loaded {os.getpid()}", flush=True)
+if "PID_DIR" in os.environ:
+    (Path(os.environ["PID_DIR"]) / str(os.getpid())).touch()
 handed = wait_for_command()
 args = sys.argv[1:] if handed is None else handed
 print(f"started {os.getpid()} {json.dumps(args)}", flush=True)
