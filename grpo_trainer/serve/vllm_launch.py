@@ -22,17 +22,34 @@ import time
 from grpo_trainer.start_gate import wait_for_command
 
 CLI = "vllm.entrypoints.cli.main"
-PREIMPORTS = (CLI, "vllm.entrypoints.cli.serve", "vllm.entrypoints.openai.api_server")
-"""What ``vllm serve`` imports before it reads its arguments (the 20-30 s), and no more: the
-engine core's own modules (model runner, worker) may query the GPU when imported, which a
-standby must not do."""
+PREIMPORTS = tuple(
+    f"vllm.entrypoints.{name}"
+    for name in (
+        "openai.api_server",
+        "cli.serve",
+        "cli.openai",
+        "cli.launch",
+        "cli.benchmark.main",
+        "cli.collect_env",
+        "cli.run_batch",
+    )
+)
+"""What vLLM's CLI (0.24, ``cli/main.py``) imports before it reads its arguments, which is
+where the 20-30 s go; vLLM's CLI forks its engine core after these imports, so none of them
+initialises CUDA. No more than that: the engine core's own modules (model runner, worker)
+may query the GPU when imported, which a standby must not do. One that a later vLLM moved
+is skipped with a note (the CLI imports what it needs itself)."""
 
 
 def preimport() -> float:
     """Import vLLM's CLI and its OpenAI server; the seconds it took."""
     began = time.perf_counter()
+    importlib.import_module(CLI)
     for name in PREIMPORTS:
-        importlib.import_module(name)
+        try:
+            importlib.import_module(name)
+        except ImportError as error:
+            print(f"vllm_launch: {name} not imported early: {error}", file=sys.stderr)
     return time.perf_counter() - began
 
 
