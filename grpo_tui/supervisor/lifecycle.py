@@ -195,6 +195,13 @@ class ProcessLife:
     # ------------------------------------------------------------------- the task
 
     async def _life(self) -> None:
+        try:
+            await self._live()
+        finally:
+            if self.gave_up or self.state == State.COMPLETED:
+                await self.standby.discard()  # nothing will start it any more
+
+    async def _live(self) -> None:
         if not self.spec.prestart and not await self._dependencies_met():
             return
         while not self.stop_requested and not self.hooks.closing():
@@ -209,7 +216,6 @@ class ProcessLife:
                 self.attempt = 0
             if code == 0 and policy.policy != "always":
                 self.set_state(State.COMPLETED, reason=reason, exit_code=0)
-                await self.standby.discard()
                 return
             if policy.policy == "no" or (code == 0 and policy.policy == "on_failure"):
                 self._give_up(reason, code)
@@ -242,8 +248,6 @@ class ProcessLife:
         self.replace_spec(spec)
 
     def _give_up(self, reason: str, code: int | None) -> None:
-        """FAILED for good; its standby is stopped when the process is (at the latest when
-        the run ends: every process is stopped then)."""
         self.gave_up = True
         self.set_state(State.FAILED, reason=reason, exit_code=code)
 

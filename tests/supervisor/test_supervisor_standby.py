@@ -3,6 +3,7 @@ one runs; a restart (or a crash restart) adopts it with the new command."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -168,3 +169,17 @@ def test_a_program_that_is_no_standby_refuses_a_command() -> None:
     handed = run_gated(f"start {json.dumps([sys.executable, '-c', code, 'a'])}\n", code)
     assert handed.returncode == 2 and "past" not in handed.stdout
     assert "no standby" in handed.stderr
+
+
+async def test_a_process_that_fails_for_good_takes_its_standby_along(supervise) -> None:
+    """Another process keeps the run going: the standby goes with the failure itself."""
+    h = supervise([server("a", restart={"policy": "no"}), spec("other", child("standby.py"))])
+    await h.state("server", State.READY)
+    spare = await standby_pid(h)
+    os.kill(h.sup.status()["server"].pid, 9)
+    await h.state("server", State.FAILED)
+    async with asyncio.timeout(20):
+        while psutil.pid_exists(spare) and psutil.Process(spare).status() != "zombie":
+            await asyncio.sleep(0.05)
+    assert h.sup._life("server").standby.child is None
+    assert not h.run_task.done(), "the run goes on"
