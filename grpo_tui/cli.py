@@ -1,4 +1,4 @@
-"""The ``grpo-tui`` command: dashboard (default), run, check, view, sweep, report.
+"""The ``grpo-tui`` command: dashboard (default), run, check, view, samples, sweep, report.
 
 ``check`` and ``run`` never import textual (nor torch): the dashboard and the viewer are
 imported only when asked for. Bad profiles exit 2 with one line per problem.
@@ -317,6 +317,62 @@ def view(
     from grpo_tui.app import run_view
 
     raise typer.Exit(run_view(run_dir) or 0)
+
+
+@app.command()
+def samples(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. runs/quickstart-...")],
+    step: Annotated[
+        int | None, typer.Option("--step", help="The groups of this step (default: the last).")
+    ] = None,
+    where: Annotated[
+        str,
+        typer.Option(
+            "--where", help='Filter as in the inspector, e.g. "kind=dropped env=toy lag>=1".'
+        ),
+    ] = "",
+    json_lines: Annotated[
+        bool, typer.Option("--json", help="One JSON object per group, every token's numbers.")
+    ] = False,
+    color_by: Annotated[
+        str, typer.Option("--color-by", help="delta, entropy, ratio or logp.")
+    ] = "delta",
+) -> None:
+    """Print a run's recorded groups (what the rollout inspector shows), newest first."""
+    import json
+
+    from grpo_trainer.records.query import parse_filter, select
+    from grpo_trainer.records.rollout_reader import RolloutIndex
+    from grpo_tui.rollout_view import MEASURES, group_json, group_renderable
+
+    if color_by not in MEASURES:
+        _err().print(f"[bold red]error[/] --color-by: one of {', '.join(MEASURES)}")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    try:
+        flt = parse_filter(where)
+    except ValueError as error:
+        _err().print(f"[bold red]error[/] --where {escape(str(error))}")
+        raise typer.Exit(EXIT_BAD_INPUT) from None
+    index = RolloutIndex(run_dir)
+    index.poll()
+    if not len(index):
+        _err().print(f"[bold red]error[/] {escape(str(run_dir))}: no recorded groups (rollouts/)")
+        raise typer.Exit(EXIT_BAD_INPUT)
+    last = int(index.rows["step"][select(index, flt)].max(initial=-1))
+    rows = select(index, flt.with_step(step if step is not None else last))
+    if not len(rows):
+        _err().print(
+            f"[bold red]error[/] no group matches {escape(flt.with_step(step).describe())}"
+        )
+        raise typer.Exit(EXIT_BAD_INPUT)
+    console = Console(highlight=False, soft_wrap=not json_lines)
+    for row in rows.tolist():
+        record = index.open(row)
+        if json_lines:
+            print(json.dumps(group_json(record)))
+        else:
+            console.print(group_renderable(record, color_by))
+            console.rule(style="dim")
 
 
 @app.command()

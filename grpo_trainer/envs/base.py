@@ -39,6 +39,7 @@ from grpo_trainer.envs.inference import (
     SamplingRequest,
     complete,
 )
+from grpo_trainer.envs.recording import EnvRecorder
 from grpo_trainer.envs.settings import EnvSettings
 from grpo_trainer.envs.stats import EnvStats, Reporter
 from grpo_trainer.envs.task import Prompt, Task
@@ -116,6 +117,13 @@ class EnvRunner:
         self.batch_size = 0
         self.max_token_len = settings.max_token_length
         self.edits = EditWatcher.for_role("env")
+        self.recorder = EnvRecorder.for_env(
+            settings.registered_name,
+            tokenizer.decode,
+            max_mb=settings.record_dropped_mb,
+            every=settings.record_dropped_every,
+            on_error=self.reporter.event,
+        )
         self._reserved = 0
         self._paused = False
         self._posted_status: dict[str, Any] | None = None
@@ -166,6 +174,8 @@ class EnvRunner:
         finally:
             await self.api.aclose()
             await self.inference.aclose()
+            if self.recorder is not None:
+                self.recorder.close()
             self.reporter.close()
         return self.stats
 
@@ -346,7 +356,7 @@ class EnvRunner:
             try:
                 response = await self.api.post(
                     "/scored_data",
-                    json=group.payload(self.env_id),
+                    json=group.payload(self.env_id, self.settings.registered_name),
                     params={"env_status": "true"},
                 )
             except NOT_DELIVERED as exc:
@@ -501,10 +511,12 @@ class EnvRunner:
             return False
         asked = time.perf_counter()
         self.stats.timed("room", asked - started)
+        self._span("room", asked - started)
         self._take_edits()
         sampling = self._sampling(self.settings.group_size)
         prompt = self.task.sample(self.rng)
         prompt_ids = self.encode(prompt)
+        generating = time.time()
         try:
             samples = await complete(self.inference, prompt_ids, sampling)
         except InferenceUnavailable as exc:
@@ -523,6 +535,8 @@ class EnvRunner:
             log.info("inference server reachable again at %s", self.connection.inference_url)
         inference_backoff.reset()
         self.stats.timed("inference", time.perf_counter() - asked)
+        if self.recorder is not None:
+            self.recorder.timeline.add("generate", generating, time.time())
         scores = self._score(prompt, samples)
         if scores is None:
             return False
@@ -538,6 +552,14 @@ class EnvRunner:
             return False
         if group.equal_scores:
             self.stats.count("groups_dropped_equal_scores")
+            if self.recorder is not None:
+                self.recorder.dropped(
+                    group,
+                    step=self.current_step + 1,
+                    env=self.settings.registered_name,
+                    env_id=self.env_id,
+                    lag=self.current_step - version,
+                )
             return False
         posting = time.perf_counter()
         posted = await self._post(group)
@@ -546,9 +568,17 @@ class EnvRunner:
 
     # ---- reporting and evaluation ----------------------------------------------------
 
+    def _span(self, phase: str, seconds: float) -> None:
+        """A timeline span of ``phase`` that ended now (only waits longer than 1 ms)."""
+        if self.recorder is not None and seconds > 1e-3:
+            now = time.time()
+            self.recorder.timeline.add(phase, now - seconds, now)
+
     def _report(self) -> None:
         self._last_report = self.stats.snapshot()
         self.reporter.metrics(self.current_step, self._last_report)
+        if self.recorder is not None:
+            self.recorder.flush(self.current_step + 1)
 
     async def _report_loop(self) -> None:
         """Report every ``report_every`` seconds while anything changed."""

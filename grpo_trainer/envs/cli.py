@@ -30,7 +30,7 @@ SETTINGS_FLAGS = (
     "name", "task", "model_name", "group_size", "max_concurrency", "seed", "max_tokens",
     "temperature", "top_p", "max_token_length", "eval_every", "eval_k", "eval_size",
     "data_file", "weight", "min_batch_allocation", "max_groups", "ignore_eos",
-    "prompt_copies",
+    "prompt_copies", "record_dropped_mb", "record_dropped_every",
 )  # fmt: skip
 
 

@@ -47,9 +47,11 @@ class Group:
         """Length of the longest sequence, prompt included."""
         return max(len(seq) for seq in self.tokens)
 
-    def payload(self, env_id: int | None) -> dict[str, Any]:
-        """The ``POST /scored_data`` body (Atropos field names)."""
-        return {
+    def payload(self, env_id: int | None, env_name: str | None = None) -> dict[str, Any]:
+        """The ``POST /scored_data`` body (Atropos field names, plus ``policy_version`` and,
+        given, ``env_name``: extensions an Atropos API ignores, by which our trainer tells
+        the environments apart in its metrics and records)."""
+        body = {
             "tokens": self.tokens,
             "masks": self.masks,
             "scores": self.scores,
@@ -58,6 +60,9 @@ class Group:
             "policy_version": self.policy_version,
             "env_id": env_id,
         }
+        if env_name:
+            body["env_name"] = env_name
+        return body
 
 
 def build_group(

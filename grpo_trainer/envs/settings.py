@@ -43,6 +43,14 @@ class EnvSettings(BaseModel):
     weight: float = Field(1.0, gt=0, description="share of each batch relative to other envs")
     min_batch_allocation: float | None = Field(None, ge=0, le=1)
     max_groups: int = Field(0, ge=0, description="stop after sending N groups; 0 = run on")
+    record_dropped_mb: float = Field(
+        128,
+        ge=0,
+        description="MB of dropped (all-equal) groups kept for the rollout inspector; 0 = none",
+    )
+    record_dropped_every: int = Field(
+        1, ge=1, description="record every N-th dropped group only (sampling)"
+    )
     prompt_copies: bool = Field(
         False,
         description="ask for a group as group_size copies of the prompt, n=1 each, instead "
@@ -108,6 +116,8 @@ class EnvSettings(BaseModel):
             "--eval-size", str(self.eval_size),
             "--weight", repr(self.weight),
             "--max-groups", str(self.max_groups),
+            "--record-dropped-mb", repr(self.record_dropped_mb),
+            "--record-dropped-every", str(self.record_dropped_every),
         ]  # fmt: skip
         if self.min_batch_allocation is not None:
             argv += ["--min-batch-allocation", repr(self.min_batch_allocation)]

@@ -137,6 +137,17 @@ class TrainerConfig(BaseModel):
     )
 
     # reporting
+    record_rollouts_mb: float = Field(
+        1024,
+        ge=0,
+        description=(
+            "MB of recorded groups kept for the rollout inspector (rollouts/ in the run "
+            "directory; oldest dropped first); 0 = record none"
+        ),
+    )
+    record_rollouts_every: int = Field(
+        1, ge=1, description="record the groups of every N-th step only (sampling)"
+    )
     metrics_file: str | None = None
     use_wandb: bool = False
     wandb_project: str | None = None

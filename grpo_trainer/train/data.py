@@ -39,6 +39,16 @@ class Group(BaseModel):
     generation_params: dict[str, Any] | None = None
     overrides: list[dict[str, Any] | None] | None = None
     policy_version: int | None = None
+    env_id: int | None = None
+    env_name: str | None = None
+    """Our environments' registered name (an extension field, like ``policy_version``)."""
+
+    @property
+    def env(self) -> str:
+        """The environment that made the group: its name, ``env<id>``, or "" (unknown)."""
+        if self.env_name:
+            return self.env_name
+        return "" if self.env_id is None else f"env{self.env_id}"
 
     @model_validator(mode="after")
     def _shapes(self) -> Group:
@@ -110,6 +120,8 @@ class MicroBatch:
     temperatures: Tensor
     policy_versions: Tensor
     """``[B]``: the policy version each sequence was sampled at (its group's; -1 unknown)."""
+    envs: Tensor
+    """``[B]``: each sequence's environment, an index into ``StepBatch.env_names``."""
 
     def to(self, device: str) -> MicroBatch:
         """The same micro-batch on ``device``."""
@@ -129,6 +141,12 @@ class StepBatch:
     groups: int
     completion_lengths: list[int]
     policy_versions: list[int]
+    sequence_versions: list[int]
+    """The policy version of every sequence of the step, in order (-1 unknown)."""
+    env_names: list[str]
+    """The step's environments (``Group.env``), in order of first appearance."""
+    first_row: int = 0
+    """This rank's first sequence in the step (its share starts there)."""
 
 
 @dataclass
@@ -139,9 +157,10 @@ class _Row:
     advantage: list[float]
     temperature: float
     version: int
+    env: int
 
 
-def _rows(group: Group, index: int, seq_len: int) -> list[_Row]:
+def _rows(group: Group, index: int, seq_len: int, env: int) -> list[_Row]:
     advantages = group_advantages(group)
     rows = []
     inference = group.inference_logprobs or []
@@ -167,6 +186,7 @@ def _rows(group: Group, index: int, seq_len: int) -> list[_Row]:
                 advantage=per_token,
                 temperature=sequence_temperature(group, i),
                 version=-1 if group.policy_version is None else group.policy_version,
+                env=env,
             )
         )
     return rows
@@ -188,6 +208,7 @@ def _pad(rows: list[_Row], pad_id: int) -> MicroBatch:
         advantages=torch.tensor([padded(r.advantage, length - 1, 0.0) for r in rows]),
         temperatures=torch.tensor([r.temperature for r in rows]),
         policy_versions=torch.tensor([r.version for r in rows], dtype=torch.long),
+        envs=torch.tensor([r.env for r in rows], dtype=torch.long),
     )
 
 
@@ -204,7 +225,12 @@ def build_step_batch(
     ``share`` selects this rank's sequences (a multi-rank trainer): advantages, counts and
     batch facts still come from the whole step, so each rank's loss is its exact share.
     """
-    rows = [row for index, group in enumerate(groups) for row in _rows(group, index, seq_len)]
+    env_names = list(dict.fromkeys(group.env for group in groups))
+    rows = [
+        row
+        for index, group in enumerate(groups)
+        for row in _rows(group, index, seq_len, env_names.index(group.env))
+    ]
     mine = rows[share]
     micro = [
         _pad(mine[i : i + micro_batch_size], pad_id) for i in range(0, len(mine), micro_batch_size)
@@ -219,4 +245,7 @@ def build_step_batch(
         groups=len(groups),
         completion_lengths=lengths,
         policy_versions=[g.policy_version for g in groups if g.policy_version is not None],
+        sequence_versions=[r.version for r in rows],
+        env_names=env_names,
+        first_row=share.indices(len(rows))[0],
     )

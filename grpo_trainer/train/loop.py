@@ -11,6 +11,10 @@ Per optimizer step::
     every sync_every steps: sync.sync(model, step)   (retried; bounded staleness)
     report metrics (phase/<phase>_s: phases.py); every checkpoint_interval steps: checkpoint
 
+With a ``StepRecorder`` (``recording.py``) each step's groups and its phases as timed spans
+(wait, sleep, forward_backward, pause, optimizer, resume, sync) are recorded as well, off
+the training thread.
+
 SIGTERM / SIGINT ask for a graceful stop: the current step finishes, a checkpoint is
 written, and ``run`` returns normally. So does a sync that the supervisor refuses because
 it is shutting down.
@@ -25,8 +29,10 @@ from __future__ import annotations
 import resource
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
 
 import torch
 from pydantic import ValidationError
@@ -35,6 +41,7 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedTokenizerBase
 
 from grpo_trainer.live_edits import EditWatcher
+from grpo_trainer.records.timeline import SYNC_PHASES
 from grpo_trainer.sync.base import WeightSync
 from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.restart import SupervisorStopping
@@ -57,15 +64,18 @@ from grpo_trainer.train.data import (
 from grpo_trainer.train.dcp import has_sharded_state, load_sharded_state, save_sharded_checkpoint
 from grpo_trainer.train.distributed import Dist, rank_slice
 from grpo_trainer.train.logprobs import chunked_token_logprobs
-from grpo_trainer.train.loss import LossOutput, LossSettings, policy_loss
+from grpo_trainer.train.loss import LossOutput, LossSettings, k3_kl, policy_loss
 from grpo_trainer.train.optim import build_optimizer, lr_factor
 from grpo_trainer.train.phases import PhaseClock, per_rank
+from grpo_trainer.train.recording import StepRecorder
 from grpo_trainer.train.reporter import Reporter
 from grpo_trainer.train.resume import ResumePoint
 from grpo_trainer.train.sources import BatchSource
 
 READY_LINE = "grpo-trainer ready"
 """Printed once the data source is connected (the supervisor's log_line readiness probe)."""
+STALENESS_BUCKETS = 4
+"""``staleness/lag0`` .. ``lag3`` and ``lag4+``: the share of a step's sequences per lag."""
 
 
 class SyncLagExceeded(RuntimeError):
@@ -87,6 +97,8 @@ class _Sums:
     max_diff: float = 0.0
     lag0_tokens: float = 0.0
     lag0_abs_diff: float = 0.0
+    mismatch_kl: float = 0.0
+    lag0_mismatch_kl: float = 0.0
     entropy: float = 0.0
     kl: float = 0.0
     pos_logp: float = 0.0
@@ -94,13 +106,20 @@ class _Sums:
     neg_logp: float = 0.0
     neg_tokens: float = 0.0
     processed_tokens: float = 0.0
+    env_tokens: list[float] = field(default_factory=list)
+    env_mismatch_kl: list[float] = field(default_factory=list)
+    """Per environment of the step (``StepBatch.env_names``)."""
 
     def reduced(self, world: Dist) -> _Sums:
         """The sums over every rank (``max_diff``: the maximum)."""
-        names = [name for name in vars(self) if name != "max_diff"]
+        names = [name for name, v in vars(self).items() if isinstance(v, float)]
+        names.remove("max_diff")
         totals = world.sum([getattr(self, name) for name in names])
         out = _Sums(**dict(zip(names, totals, strict=True)))
         out.max_diff = world.max([self.max_diff])[0]
+        per_env = world.sum(self.env_tokens + self.env_mismatch_kl)
+        out.env_tokens = per_env[: len(self.env_tokens)]
+        out.env_mismatch_kl = per_env[len(self.env_tokens) :]
         return out
 
 
@@ -132,8 +151,10 @@ class Trainer:
         resume: ResumePoint | None = None,
         world: Dist | None = None,
         consolidator: Consolidator | None = None,
+        recorder: StepRecorder | None = None,
     ) -> None:
         self.config = config
+        self.recorder = recorder
         self.world = world or Dist(device=config.device)
         self.consolidator = consolidator
         if self.world.enabled and consolidator is None:
@@ -191,7 +212,8 @@ class Trainer:
         try:
             while self.step < self.config.training_steps and not self.stop_requested:
                 wait_start = time.perf_counter()
-                leased = self._next_batch()
+                with self._span("wait"):
+                    leased = self._next_batch()
                 if leased is None:
                     break
                 data_wait = time.perf_counter() - wait_start
@@ -208,20 +230,27 @@ class Trainer:
                     if self.strategy.sleeps:
                         clock.enter("sleeping", self.step)
                     try:
-                        self.strategy.before_train_step()
+                        with self._span("sleep") if self.strategy.sleeps else nullcontext():
+                            self.strategy.before_train_step()
                     except SyncError as exc:
                         raise SyncLagExceeded(
                             f"inference did not release the device before step "
                             f"{self.step + 1}: {exc}; stopping"
                         ) from exc
                 clock.enter("training", self.step)
+                if self.recorder is not None:
+                    self.recorder.begin_step(self.step + 1)
                 metrics = self.train_step(batch)
+                if self.recorder is not None:
+                    self.recorder.record(self.step, groups, batch, self.step - 1)
                 if self.source is not None:
                     self.source.done(leased, self.step)
                 metrics["data_wait_time"] = data_wait
                 metrics.update(self.hyperparameters())
                 clock.enter("syncing", self.step)
+                sync_start = time.time()
                 metrics.update(self._maybe_sync())
+                self._record_sync(sync_start, metrics)
                 clock.enter("generating", self.step)
                 if self.strategy is not None and self.strategy.sleeps:
                     clock.move(metrics.get("sync/wake_time", 0.0), "syncing", "waking")
@@ -230,6 +259,10 @@ class Trainer:
                 if self.world.enabled:
                     metrics.update(per_rank(self.world.gather(phases)))
                 self.stop_requested = self.world.any(self.stop_requested)
+                if self.recorder is not None:
+                    self.recorder.end_step(self.step)
+                    if self.recorder.dropped:
+                        metrics["record/dropped"] = float(self.recorder.dropped)
                 if self.world.is_main:
                     self.reporter.metrics(self.step, metrics)
                 interval = self.config.checkpoint_interval
@@ -242,7 +275,30 @@ class Trainer:
                 self.source.close()
             if self.strategy is not None:
                 self.strategy.close()
+            if self.recorder is not None:
+                self.recorder.close()
         return self.step
+
+    def _span(self, phase: str) -> AbstractContextManager[None]:
+        """Time ``phase`` on the step timeline (a no-op without a recorder)."""
+        return nullcontext() if self.recorder is None else self.recorder.span(phase)
+
+    def _record_sync(self, start: float, metrics: dict[str, float]) -> None:
+        """The sync as timeline spans: the strategy's own phases (``sync/<phase>_time``:
+        pause, resume, wake) laid end to end in the order it reports them, the rest of
+        ``sync_time`` as ``transfer``."""
+        if self.recorder is None or "sync_time" not in metrics:
+            return
+        at = start
+        for key, seconds in metrics.items():
+            if key.startswith("sync/") and key.endswith("_time"):
+                phase = SYNC_PHASES.get(key.removeprefix("sync/").removesuffix("_time"))
+                if phase is not None:
+                    self.recorder.timeline.add(phase, at, at + seconds)
+                    at += seconds
+        rest = metrics["sync_time"] - (at - start)
+        if rest > 0:
+            self.recorder.timeline.add("transfer", at, at + rest)
 
     def apply_edits(self) -> None:
         """Take the run's live edits (``grpo_trainer.live_edits``) from this step on.
@@ -371,13 +427,13 @@ class Trainer:
                 )
             return out.logprobs
 
-    def train_step(self, batch: StepBatch) -> dict[str, float]:
-        """One optimizer step over all micro-batches of ``batch``; returns its metrics."""
+    def _forward_backward(self, batch: StepBatch) -> _Sums:
+        """Every micro-batch's forward and backward (gradients accumulate); the sums for the
+        step's metrics."""
         config = self.config
-        started = time.perf_counter()
-        self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
-        sums = _Sums()
+        sums = _Sums(
+            env_tokens=[0.0] * len(batch.env_names), env_mismatch_kl=[0.0] * len(batch.env_names)
+        )
         for micro_cpu in batch.micro_batches:
             micro = micro_cpu.to(config.device)
             out = chunked_token_logprobs(
@@ -404,17 +460,33 @@ class Trainer:
             # FSDP2 averages gradients over ranks; each loss is this rank's share of the sum
             (result.loss * self.world.world_size).backward()
             self._accumulate(sums, micro, out.logprobs.detach(), out.entropy, result, self.step)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-        grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
-        lr = self._lr()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+            if self.recorder is not None:
+                self.recorder.capture(out.logprobs, out.entropy, result.ratio)
+        return sums
+
+    def train_step(self, batch: StepBatch) -> dict[str, float]:
+        """One optimizer step over all micro-batches of ``batch``; returns its metrics."""
+        config = self.config
+        started = time.perf_counter()
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._span("forward_backward"):
+            sums = self._forward_backward(batch)
+        with self._span("optimizer"):
+            params = [p for p in self.model.parameters() if p.requires_grad]
+            norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+            grad_norm = float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+            lr = self._lr()
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
         if self.strategy is not None:
-            self.strategy.before_optimizer_step()
-        self.optimizer.step()
+            with self._span("pause"):
+                self.strategy.before_optimizer_step()
+        with self._span("optimizer"):
+            self.optimizer.step()
         if self.strategy is not None:
-            self.strategy.after_optimizer_step()
+            with self._span("resume"):
+                self.strategy.after_optimizer_step()
         self.optimizer.zero_grad(set_to_none=True)  # no gradients held while inference runs
         lag_base = self.step
         self.step += 1
@@ -438,6 +510,15 @@ class Trainer:
         lag0 = mask * (micro.policy_versions == version).unsqueeze(1)
         sums.lag0_tokens += float(lag0.sum())
         sums.lag0_abs_diff += float((diff.abs() * lag0).sum())
+        # k3 of KL(inference || trainer) per sampled token: exp(d) - 1 - d, d = trainer -
+        # inference (loss.k3_kl with the inference logprobs in the policy's place)
+        mismatch = k3_kl(micro.inference_logprobs, logp) * mask
+        sums.mismatch_kl += float(mismatch.sum())
+        sums.lag0_mismatch_kl += float((mismatch * lag0).sum())
+        for env in range(len(sums.env_tokens)):
+            rows = (micro.envs == env).unsqueeze(1)
+            sums.env_tokens[env] += float((mask * rows).sum())
+            sums.env_mismatch_kl[env] += float((mismatch * rows).sum())
         sums.tokens += float(mask.sum())
         sums.loss += float(result.loss.detach())
         sums.ratio += float((result.ratio * mask).sum())
@@ -504,11 +585,19 @@ class Trainer:
         if batch.policy_versions:
             lags = [lag_base - v for v in batch.policy_versions]
             metrics["off_policy_lag"] = sum(lags) / len(lags)
+            metrics |= staleness(lag_base, batch.sequence_versions)
+        metrics["mismatch_kl"] = sums.mismatch_kl / n
+        for name, tokens, total in zip(
+            batch.env_names, sums.env_tokens, sums.env_mismatch_kl, strict=True
+        ):
+            if name and tokens:
+                metrics[f"mismatch_kl/env/{name}"] = total / tokens
         if sums.lag0_tokens:
             # Sequences sampled at the weights being trained: a weight-sync error shows here
             # (bf16 rounding only: ~5e-3 on GPU, ~1e-7 in float32), off-policy drift cannot.
             metrics["alignment/diff_abs_mean_lag0"] = sums.lag0_abs_diff / sums.lag0_tokens
             metrics["alignment/lag0_fraction"] = sums.lag0_tokens / n
+            metrics["mismatch_kl/lag0"] = sums.lag0_mismatch_kl / sums.lag0_tokens
         return metrics
 
     def _maybe_sync(self) -> dict[str, float]:
@@ -558,6 +647,25 @@ class Trainer:
             )
         metrics["policy_version"] = float(self.policy_version)
         return metrics
+
+
+def staleness(base: int, versions: list[int]) -> dict[str, float]:
+    """The step's staleness histogram: the share of its sequences sampled ``k`` steps
+    before the weights being trained (``staleness/lag0`` .. ``lag3``, ``lag4+``;
+    ``staleness/negative`` when a sequence came from weights newer than these, e.g. an
+    abandoned policy after a resume), and ``staleness/max``."""
+    lags = [base - v for v in versions if v >= 0]
+    if not lags:
+        return {}
+    counts = Counter(min(lag, STALENESS_BUCKETS) for lag in lags if lag >= 0)
+    shares = {
+        f"staleness/lag{k}{'+' if k == STALENESS_BUCKETS else ''}": counts[k] / len(lags)
+        for k in range(STALENESS_BUCKETS + 1)
+    }
+    negative = sum(1 for lag in lags if lag < 0)
+    if negative:
+        shares["staleness/negative"] = negative / len(lags)
+    return shares | {"staleness/max": float(max(lags))}
 
 
 def loss_settings(config: TrainerConfig) -> LossSettings:

@@ -6,6 +6,7 @@ import os
 import sys
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from grpo_trainer.api.settings import TOKEN_ENV
 from grpo_trainer.models import load_tokenizer
@@ -18,6 +19,7 @@ from grpo_trainer.train.distributed import Dist, init_distributed, shutdown_dist
 from grpo_trainer.train.loop import SyncLagExceeded, Trainer, install_signal_handlers
 from grpo_trainer.train.memory_fit import GpuDoesNotFit, footprint, startup_problem
 from grpo_trainer.train.policy import build_policy, reference_model
+from grpo_trainer.train.recording import StepRecorder
 from grpo_trainer.train.reporter import Reporter
 from grpo_trainer.train.resume import ResumePoint, resolve_resume, resume_from_path
 from grpo_trainer.train.sources import ApiSource, BatchSource, FileSource
@@ -110,6 +112,22 @@ def wait_for_inference(
         reporter.event("info", f"inference healthy after {waited:.1f} s with the model loaded")
 
 
+def make_recorder(
+    config: TrainerConfig, tokenizer: PreTrainedTokenizerBase, reporter: Reporter, world: Dist
+) -> StepRecorder | None:
+    """This rank's records of what it trained on and when (``recording.py``); every rank
+    calls it (the ranks agree on a random id for this trainer process)."""
+    return StepRecorder.for_trainer(
+        config.save_path,
+        lambda ids: tokenizer.decode(ids),
+        max_mb=config.record_rollouts_mb,
+        every=config.record_rollouts_every,
+        rank=world.rank,
+        session=world.broadcast(int.from_bytes(os.urandom(4), "little")),
+        on_error=lambda message: reporter.event("warning", message),
+    )
+
+
 def gpu_fit_problem(config: TrainerConfig, model: torch.nn.Module) -> str | None:
     """Before the first step, on the GPU vLLM shares: is there room for the optimizer state?
 
@@ -179,10 +197,11 @@ def _sharded_trainer(
     reference = reference_model(on_cpu)
     if reference is not None:
         reference = shard_model(reference, world, **shard)
+    tokenizer = load_tokenizer(config.model_name)
     return Trainer(
         config,
         model,
-        load_tokenizer(config.model_name),
+        tokenizer,
         base=policy.base,
         source=make_source(config, reporter) if world.is_main else None,
         reporter=reporter,
@@ -191,6 +210,7 @@ def _sharded_trainer(
         resume=point,
         world=world,
         consolidator=consolidator,
+        recorder=make_recorder(config, tokenizer, reporter, world),
     )
 
 
@@ -203,16 +223,18 @@ def _trainer(config: TrainerConfig, reporter: Reporter, point: ResumePoint | Non
     problem = gpu_fit_problem(config, policy.model)
     if problem is not None:
         raise GpuDoesNotFit(problem)
+    tokenizer = load_tokenizer(config.model_name)
     return Trainer(
         config,
         policy.model,
-        load_tokenizer(config.model_name),
+        tokenizer,
         base=policy.base,
         source=make_source(config, reporter),
         reporter=reporter,
         strategy=strategy,
         reference=reference_model(config),
         resume=point,
+        recorder=make_recorder(config, tokenizer, reporter, Dist(device=config.device)),
     )
 
 

@@ -22,6 +22,7 @@ from test_trainer_control_socket import SocketServer
 from train_helpers import REPO, make_groups, tiny_model, trainer_env, write_groups
 
 from grpo_trainer.models import load_model
+from grpo_trainer.records.rollout_reader import RolloutIndex
 from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.data import build_step_batch, parse_groups
 from grpo_trainer.train.distributed import Dist, rank_slice
@@ -118,6 +119,19 @@ def test_two_ranks_match_one_stop_together_and_resume_on_one(tmp_path: Path) -> 
     # tokens/s counts the tokens of both ranks: the whole step's tokens
     whole = sum(len(seq) for g in groups[:2] for seq in g["tokens"])
     assert round(sharded[1]["tokens_per_s"] * sharded[1]["step_time"]) == whole
+
+    # each rank recorded the groups it trained: every group of the two-rank run once, whole
+    index = RolloutIndex(tmp_path)
+    index.poll()
+    session = index.rows["session"][index.writer == index.writers.index("trainer.rank1")][0]
+    mine = [row for row in index.groups().tolist() if index.rows["session"][row] == session]
+    assert sorted((int(index.rows["step"][r]), int(index.rows["rank"][r])) for r in mine) == [
+        (1, 0), (1, 1), (2, 0), (2, 1)
+    ]  # fmt: skip
+    for row in mine:
+        record = index.open(row)
+        source = groups[(record.step - 1) * 2 + record.group]
+        assert [c.tokens.tolist() for c in record.completions] == source["tokens"]
 
     assert sorted(p.name for p in (tmp_path / "two").iterdir()) == ["step_2"]  # at the stop
     step_2 = tmp_path / "two" / "step_2"
