@@ -21,6 +21,13 @@ from textual.containers import Vertical
 from textual_hires_canvas import Canvas
 from textual_plot import HiResMode, NumericAxisFormatter, PlotWidget
 
+from grpo_trainer.train.phases import PHASES
+from grpo_tui.alerts import (
+    ALIGNMENT_DIFF_MAX,
+    CLIPPED_FRACTION_MAX,
+    MEAN_RATIO_BAND,
+    MISMATCH_KL_MAX,
+)
 from grpo_tui.run_state import Point, SeriesStore
 
 PALETTE = ("cyan", "magenta", "yellow", "green", "red", "blue")
@@ -228,9 +235,31 @@ DASHBOARD_CHARTS: tuple[ChartSpec, ...] = (
         prefixes=("eval/pass@",),
         labels=(("reward/mean", "mean"),),
     ),
-    ChartSpec("mean_ratio", "mean_ratio", names=("mean_ratio",), lines=(0.8, 1.2)),
-    ChartSpec("clipped_fraction", "clipped", names=("clipped_fraction",), lines=(0.3,)),
-    ChartSpec("alignment", "align |Δlogp|", names=("alignment/diff_abs_mean",), lines=(0.1,)),
+    ChartSpec("mean_ratio", "mean_ratio", names=("mean_ratio",), lines=MEAN_RATIO_BAND),
+    ChartSpec(
+        "clipped_fraction", "clipped", names=("clipped_fraction",), lines=(CLIPPED_FRACTION_MAX,)
+    ),
+    ChartSpec(
+        "alignment",
+        "align |Δlogp|",
+        names=("alignment/diff_abs_mean", "alignment/diff_abs_mean_lag0"),
+        lines=(ALIGNMENT_DIFF_MAX,),
+        labels=(("alignment/diff_abs_mean", "all"), ("alignment/diff_abs_mean_lag0", "lag0")),
+    ),
+    ChartSpec(
+        "mismatch_kl",
+        "mismatch_kl",
+        names=("mismatch_kl", "mismatch_kl/lag0"),
+        prefixes=("mismatch_kl/env/",),
+        lines=(MISMATCH_KL_MAX,),
+        labels=(("mismatch_kl", "all"), ("mismatch_kl/lag0", "lag0")),
+    ),
+    ChartSpec(
+        "staleness",
+        "staleness",
+        prefixes=("staleness/lag", "staleness/negative"),
+    ),
+    ChartSpec("off_policy_lag", "off-policy lag", names=("off_policy_lag",)),
     ChartSpec(
         "throughput",
         "tok/s",
@@ -248,7 +277,14 @@ DASHBOARD_CHARTS: tuple[ChartSpec, ...] = (
         fallback_title="RSS",
         fallback_unit="MB",
     ),
-    ChartSpec("off_policy_lag", "off-policy lag", names=("off_policy_lag",)),
     ChartSpec("sync_time", "sync s", names=("sync_time",)),
+    ChartSpec(
+        "phases",
+        "step s",
+        names=tuple(f"phase/{phase}_s" for phase in PHASES),
+        labels=tuple((f"phase/{phase}_s", phase[:5]) for phase in PHASES),
+    ),
 )
-"""The dashboard's chart grid, in reading order."""
+"""The dashboard's chart grid, in reading order. ``staleness``: the share of each step's
+sequences by lag (0, 1, 2, 3, 4+, negative); ``step s``: the step's seconds in each of the
+trainer device's phases."""

@@ -69,10 +69,58 @@ def test_recorded_run_raises_the_expected_alerts() -> None:
 
 def test_every_threshold_alerts() -> None:
     state = RunState("r")
-    data = {"mean_ratio": 1.3, "clipped_fraction": 0.1, "alignment/diff_abs_mean": 0.2}
+    data = {
+        "mean_ratio": 1.3,
+        "clipped_fraction": 0.1,
+        "alignment/diff_abs_mean": 0.2,
+        "alignment/diff_abs_mean_lag0": 0.2,  # a sync error: the lag-0 figure is off too
+    }
     state.apply(MetricsRecord(t=T0, process="trainer", step=1, data=data))
     state.apply(Notice(t=T0, level="error", message="weight sync failed: HTTP 500"))
     keys = {alert.key for alert in evaluate(state, T0 + 1)}
     assert keys == {"mean_ratio", "alignment", "sync"}
     state.apply(MetricsRecord(t=T0, process="trainer", step=2, data={"mean_ratio": 0.9}))
     assert "mean_ratio" not in {alert.key for alert in evaluate(state, T0 + 1)}
+
+
+def test_drift_and_sync_errors_are_told_apart_by_the_lag0_figures() -> None:
+    """The quickstart's early steps: the all-token difference crosses 0.1 from the batch
+    queued one step ahead while the lag-0 difference is float32 rounding. No alert; past
+    the mismatch_kl line the alert says drift, not a sync error."""
+    state = RunState("r")
+    drift = {
+        "alignment/diff_abs_mean": 0.12,
+        "alignment/diff_abs_mean_lag0": 1e-7,
+        "mismatch_kl": 0.02,
+        "mismatch_kl/lag0": 0.0,
+        "off_policy_lag": 0.8,
+    }
+    state.apply(MetricsRecord(t=T0, process="trainer", step=5, data=drift))
+    assert evaluate(state, T0) == []
+    state.apply(MetricsRecord(t=T0, process="trainer", step=6, data={"mismatch_kl": 0.09}))
+    (alert,) = evaluate(state, T0)
+    assert alert.key == "mismatch_kl" and alert.chart == "mismatch_kl"
+    assert "off-policy drift" in alert.message and "sync error" not in alert.message
+    for step in range(7, 20):  # no lag-0 sequences for a while: the cause cannot be told
+        state.apply(MetricsRecord(t=T0, process="trainer", step=step, data={"loss": 0.1}))
+    (alert,) = evaluate(state, T0)
+    assert "no lag-0 sequences lately" in alert.message
+    sync = {"alignment/diff_abs_mean_lag0": 0.4, "mismatch_kl": 0.3, "mismatch_kl/lag0": 0.3}
+    state.apply(MetricsRecord(t=T0, process="trainer", step=20, data=sync))
+    (alert,) = evaluate(state, T0)  # one alert for one cause
+    assert alert.key == "alignment" and "weight-sync error" in alert.message
+
+
+def test_staleness_alerts_on_negative_lags_and_far_stale_samples() -> None:
+    state = RunState("r")
+    state.apply(MetricsRecord(t=T0, process="trainer", step=3, data={"staleness/max": 2.0}))
+    assert evaluate(state, T0) == []
+    state.apply(MetricsRecord(t=T0, process="trainer", step=4, data={"staleness/max": 9.0}))
+    (alert,) = evaluate(state, T0)
+    assert alert.chart == "staleness" and "9 steps stale" in alert.message
+    data = {"staleness/negative": 0.25, "staleness/max": 1.0}
+    state.apply(MetricsRecord(t=T0, process="trainer", step=5, data=data))
+    (alert,) = evaluate(state, T0)
+    assert "abandoned policy after a resume" in alert.message
+    state.apply(MetricsRecord(t=T0, process="trainer", step=6, data={"staleness/max": 1.0}))
+    assert evaluate(state, T0) == []  # the step after has none (only sent when present)

@@ -80,7 +80,18 @@ def recorded_events() -> list[Event]:
             "off_policy_lag": float(step % 3),
             "sync_time": 0.4 + 0.01 * (step % 5),
             "training_steps": TOTAL,
+            "mismatch_kl": 0.004 + 0.0004 * step,
+            "mismatch_kl/env/toy": 0.003 + 0.0005 * step,
+            "staleness/lag0": [1.0, 0.5, 0.25][step % 3],
+            "staleness/lag1": [0.0, 0.5, 0.5][step % 3],
+            "staleness/lag2": [0.0, 0.0, 0.25][step % 3],
+            "phase/generating_s": 1.1,
+            "phase/training_s": 0.6,
+            "phase/syncing_s": 0.3,
         }
+        if step % 3 != 2:  # steps with sequences sampled at the trained weights
+            data["alignment/diff_abs_mean_lag0"] = 0.002
+            data["mismatch_kl/lag0"] = 0.0001
         events.append(MetricsRecord(t=t, process="trainer", step=step, data=data))
         events.append(
             MetricsRecord(
