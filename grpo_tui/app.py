@@ -31,6 +31,7 @@ from grpo_tui.driver import QuickEscapeDriver
 from grpo_tui.run_state import RunState
 from grpo_tui.screens.dashboard import DashboardScreen
 from grpo_tui.screens.help import HelpScreen
+from grpo_tui.screens.inspector import InspectorScreen
 from grpo_tui.screens.live_edit import LiveEditScreen
 from grpo_tui.screens.logs import LogsScreen
 from grpo_tui.screens.mode_switch import ModeSwitchScreen
@@ -94,6 +95,8 @@ def binding_ids() -> set[str]:
     """Every binding id a keymap may name: the app's and each screen's."""
     owners = (
         GrpoTuiApp,
+        DashboardScreen,
+        InspectorScreen,
         LogsScreen,
         HelpScreen,
         ModeSwitchScreen,
@@ -147,6 +150,11 @@ class GrpoTuiApp(App[int]):
     COMMANDS = App.COMMANDS | {ActionsProvider}
     ENABLE_COMMAND_PALETTE = True
     VERTICAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [(0, "-short"), (40, "-tall")]
+    HORIZONTAL_BREAKPOINTS: ClassVar[list[tuple[int, str]]] = [
+        (0, "-narrow"),
+        (120, "-medium"),
+        (160, "-wide"),
+    ]
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("r", "restart_process", "Restart", id="restart-process"),
@@ -158,6 +166,7 @@ class GrpoTuiApp(App[int]):
         Binding("e", "live_edit", "Edit", id="live-edit"),
         Binding("d", "show_dashboard", "Dashboard", id="show-dashboard"),
         Binding("l", "show_logs", "Logs", id="show-logs"),
+        Binding("g", "show_rollouts", "Rollouts", id="show-rollouts"),
         Binding("question_mark,f1", "help", "Help", id="help"),
         Binding("q", "quit", "Quit", id="quit"),
     ]
@@ -204,6 +213,7 @@ class GrpoTuiApp(App[int]):
         if self.keymap:
             self.set_keymap(self.keymap)
         self.install_screen(self.logs_screen, "logs")
+        self.install_screen(InspectorScreen(), "rollouts")
         self.install_screen(self.help_screen, "help")
         if not self.is_headless:
             self.call_after_refresh(self._freeze_startup_objects)
@@ -359,8 +369,24 @@ class GrpoTuiApp(App[int]):
         self.state.mode = mode
 
     def action_show_dashboard(self) -> None:
-        if self.screen is self.logs_screen:
+        """Back to the dashboard from a screen it opened (logs, rollouts, timeline)."""
+        if self.screen in (self.logs_screen, *self._views()):
             self.pop_screen()
+
+    def _views(self) -> list[object]:
+        return [self.get_screen(name) for name in ("rollouts",)]
+
+    def action_show_rollouts(self) -> None:
+        self._show_view("rollouts")
+
+    def _show_view(self, name: str) -> None:
+        """Bring an installed view to the top (from the dashboard or another view)."""
+        screen = self.get_screen(name)
+        if self.screen is screen:
+            return
+        if self.screen in (self.logs_screen, *self._views()):
+            self.pop_screen()
+        self.push_screen(name)
 
     def action_show_logs(self, name: str | None = None) -> None:
         """Open the logs screen on ``name`` (default: the selected process)."""
@@ -430,7 +456,8 @@ def run_app(profile: Path | str | Profile, mode: str | None = None) -> int:
     plan = build_plan(loaded)
     write_run_dir(plan)
     stack = GrpoStack.from_plan(plan)
-    app = GrpoTuiApp(RunState(plan.run_dir.name, mode=plan.roles.mode), stack=stack)
+    state = RunState(plan.run_dir.name, mode=plan.roles.mode, run_dir=plan.run_dir)
+    app = GrpoTuiApp(state, stack=stack)
     result = app.run()
     return result if result is not None else app.return_code or 0
 
@@ -441,7 +468,7 @@ def attach_app(run_dir: Path, *, keymap_path: Path | None = None) -> GrpoTuiApp:
     from grpo_tui.attach import attach_control
     from grpo_tui.run_files import RunFollower, profile_mode
 
-    state = RunState(run_dir.name, mode=profile_mode(run_dir / "profile.toml"))
+    state = RunState(run_dir.name, mode=profile_mode(run_dir / "profile.toml"), run_dir=run_dir)
     follower = RunFollower(run_dir, state)
     follower.poll()
     control, why = attach_control(run_dir)

@@ -126,23 +126,24 @@ def group_title(record: GroupRecord) -> Text:
 
 
 def completions_table(record: GroupRecord, selected: int | None = None) -> Table:
-    """One row per completion: score, advantage, length, version, lag, mean |Δlogp|,
-    entropy and ratio (the selected one highlighted)."""
+    """One row per completion: score, advantage, length, mean |Δlogp|, entropy and ratio
+    (version and lag are the group's: in its title), the selected one highlighted."""
     table = Table(box=None, padding=(0, 1), expand=True, show_edge=False)
-    for name in ("#", "score", "adv", "len", "ver", "lag", "|Δ|", "ent", "ratio", "text"):
-        table.add_column(name, justify="left" if name == "text" else "right", no_wrap=True)
+    for name, width in (("#", 2), ("score", 5), ("adv", 5), ("len", 4), ("|Δ|", 5)):
+        table.add_column(name, justify="right", no_wrap=True, min_width=width)
+    table.add_column("ent", justify="right", no_wrap=True, min_width=4)
+    table.add_column("ratio", justify="right", no_wrap=True, min_width=5)
+    table.add_column("text", no_wrap=True, overflow="ellipsis", ratio=1)
     for i, c in enumerate(record.completions):
         table.add_row(
             str(c.index),
             f"{c.score:.3g}",
             _number(c.advantage, "{:+.2f}"),
             str(c.length),
-            _number(record.version, "{}"),
-            lag_text(record.lag),
             _number(c.mean("abs_delta"), "{:.3f}"),
             _number(c.mean("entropy"), "{:.2f}"),
             _number(c.mean("ratio"), "{:.3f}"),
-            Text(c.text.replace("\n", "⏎"), overflow="ellipsis"),
+            Text(c.text.replace("\n", "⏎"), overflow="ellipsis", no_wrap=True),
             style="reverse" if i == selected else "",
         )
     return table

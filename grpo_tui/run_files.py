@@ -88,7 +88,7 @@ def _tail_lines(path: Path, limit: int) -> list[str]:
 
 def load_run(run_dir: Path, *, max_log_lines: int = 5000) -> tuple[RunState, int]:
     """The state of a finished (or running) run, and how many bad JSON lines were skipped."""
-    state = RunState(run_dir.name, max_log_lines=max_log_lines)
+    state = RunState(run_dir.name, max_log_lines=max_log_lines, run_dir=run_dir)
     bad = 0
     metrics_file = run_dir / "metrics.jsonl"
     events: list[Event] = []

@@ -13,6 +13,7 @@ import time
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from grpo_tui.supervisor.events import (
@@ -139,8 +140,11 @@ class RunState:
         mode: str | None = None,
         started_at: float | None = None,
         max_log_lines: int = 5000,
+        run_dir: Path | None = None,
     ) -> None:
         self.run_name = run_name
+        self.run_dir = run_dir
+        """Where the run's records are (the inspector and the timeline read them there)."""
         self.mode = mode
         self.started_at = started_at
         self.finished_at: float | None = None

@@ -58,11 +58,11 @@ def _num(value: float) -> str:
     return f"{value:g}"
 
 
-def _value(name: str, text: str) -> float:
+def _value(word: str, text: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise ValueError(f"{name}: {text!r} is not a number") from None
+        raise ValueError(f"{word!r}: {text!r} is not a number") from None
 
 
 def parse_filter(text: str) -> GroupFilter:
@@ -86,20 +86,20 @@ def parse_filter(text: str) -> GroupFilter:
                 raise ValueError(f"{word!r}: env=NAME")
             env = value
         else:
-            low, high = _bounds(name, op, value)
+            low, high = _bounds(word, name, op, value)
             old_low, old_high = ranges.get(name, ANY)
             ranges[name] = (max(low, old_low), min(high, old_high))
     return GroupFilter(kind=kind, env=env, ranges=ranges)
 
 
-def _bounds(name: str, op: str, value: str) -> Bounds:
+def _bounds(word: str, name: str, op: str, value: str) -> Bounds:
     if op == "=" and ".." in value:
         low, _, high = value.partition("..")
         return (
-            _value(name, low) if low else -math.inf,
-            _value(name, high) if high else math.inf,
+            _value(word, low) if low else -math.inf,
+            _value(word, high) if high else math.inf,
         )
-    number = _value(name, value)
+    number = _value(word, value)
     tiny = 1e-6 if name == "reward" else 1  # rewards are float32 in the index
     return {
         "=": (number, number),

@@ -10,9 +10,10 @@ and drawing there would only leave charts to re-render on the key press that com
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
 from textual.containers import Grid
 from textual.screen import Screen
 
@@ -38,6 +39,20 @@ class DashboardScreen(Screen[None]):
     """The main screen of a live run (and, read-only, of a finished one)."""
 
     app: GrpoTuiApp
+
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding(
+            "pagedown",
+            "scroll_charts(1)",
+            "Charts down",
+            show=False,
+            priority=True,
+            id="charts-down",
+        ),
+        Binding(
+            "pageup", "scroll_charts(-1)", "Charts up", show=False, priority=True, id="charts-up"
+        ),
+    ]
 
     def compose(self) -> ComposeResult:
         state = self.app.state
@@ -100,3 +115,10 @@ class DashboardScreen(Screen[None]):
     @property
     def selected_process(self) -> str | None:
         return self.query_one(ProcessTable).selected
+
+    def action_scroll_charts(self, pages: int) -> None:
+        """Scroll the chart grid a page (where it does not fit: short or narrow terminals)."""
+        grid = self.query_one("#charts", Grid)
+        grid.scroll_to(
+            y=grid.scroll_y + pages * grid.scrollable_content_region.height, animate=False
+        )

@@ -4,7 +4,9 @@ Textual's ``Footer`` is a widget per key and recomposes itself every time its sc
 shown, which was about half the cost of switching between the dashboard and the logs. This
 draws the same keys in the same colours (after the user's keymap, hidden when
 ``check_action`` says so, dimmed when disabled, the command palette on the right) as one
-line, redrawn only when the keys change.
+line, redrawn only when the keys change. Every key stays on the line: where the full
+descriptions do not fit (a 100-column terminal) they are cut to the longest length that
+fits, down to the bare keys.
 """
 
 from __future__ import annotations
@@ -115,10 +117,19 @@ class KeyBar(Widget):
             spans.append((start, text.cell_len, key.key))
         return text, spans
 
+    def _keys_text(self, room: int) -> tuple[Text, list[tuple[int, int, str]]]:
+        """The keys with the longest descriptions that fit in ``room`` cells."""
+        for limit in (None, 10, 8, 6, 5, 4, 3, 0):
+            drawn = self._draw(
+                [(key, f" {key.display} ", _cut(key.description, limit)) for key in self._keys]
+            )
+            if drawn[0].cell_len <= room:
+                break
+        return drawn
+
     def render(self) -> Text:
-        left, self._spans = self._draw(
-            [(key, f" {key.display} ", f"{key.description} ") for key in self._keys]
-        )
+        palette_width = 0 if self._palette is None else len(self._palette.display) + 10
+        left, self._spans = self._keys_text(max(0, self.size.width - palette_width))
         if self._palette is None:
             return left
         separator = Text("▏", self.get_component_rich_style("key-bar--separator"))
@@ -130,8 +141,18 @@ class KeyBar(Widget):
         self._spans += [(start + room + 1, end + room + 1, key) for start, end, key in right_spans]
         return Text.assemble(left, separator, right)
 
+    def on_resize(self) -> None:
+        self.refresh()
+
     def on_click(self, event: events.Click) -> None:
         """Press the key under the pointer, as Textual's footer does."""
         for start, end, key in self._spans:
             if start <= event.x < end:
                 self.app.simulate_key(key)
+
+
+def _cut(description: str, limit: int | None) -> str:
+    """``description`` and a space, at most ``limit`` characters of it (0: none)."""
+    if limit is None or len(description) <= limit:
+        return f"{description} "
+    return f"{description[:limit]} " if limit else ""

@@ -36,11 +36,11 @@ class RunHeader(Widget):
             ("  elapsed ", "dim"),
             (elapsed, "bold"),
         )
-        title.append_text(phase_text(state))
         if read_only:
             title.append("  (read-only view)", style="italic dim")
         if state.outcome:
             title.append(f"  finished: {state.outcome}", style="bold blue")
+        title.append_text(phase_text(state))
         bar = Table.grid(padding=(0, 1), expand=True)
         bar.add_column(no_wrap=True)
         bar.add_column(ratio=1)
@@ -52,6 +52,7 @@ class RunHeader(Widget):
             ProgressBar(total=float(total or 1), completed=float(done if total else 0)),
             Text(f"ETA {format_duration(eta)}" if eta is not None else "ETA -", style="dim"),
         )
+        title.no_wrap, title.overflow = True, "ellipsis"
         table = Table.grid(expand=True)
         table.add_row(title)
         table.add_row(bar)
