@@ -37,6 +37,7 @@ from grpo_tui.screens.logs import LogsScreen
 from grpo_tui.screens.mode_switch import ModeSwitchScreen
 from grpo_tui.screens.quit_confirm import QuitConfirmScreen
 from grpo_tui.screens.run_viewer import RunViewerScreen
+from grpo_tui.screens.timeline import TimelineScreen
 from grpo_tui.supervisor.events import Notice
 
 if TYPE_CHECKING:
@@ -97,6 +98,7 @@ def binding_ids() -> set[str]:
         GrpoTuiApp,
         DashboardScreen,
         InspectorScreen,
+        TimelineScreen,
         LogsScreen,
         HelpScreen,
         ModeSwitchScreen,
@@ -167,6 +169,7 @@ class GrpoTuiApp(App[int]):
         Binding("d", "show_dashboard", "Dashboard", id="show-dashboard"),
         Binding("l", "show_logs", "Logs", id="show-logs"),
         Binding("g", "show_rollouts", "Rollouts", id="show-rollouts"),
+        Binding("t", "show_timeline", "Timeline", id="show-timeline"),
         Binding("question_mark,f1", "help", "Help", id="help"),
         Binding("q", "quit", "Quit", id="quit"),
     ]
@@ -214,6 +217,7 @@ class GrpoTuiApp(App[int]):
             self.set_keymap(self.keymap)
         self.install_screen(self.logs_screen, "logs")
         self.install_screen(InspectorScreen(), "rollouts")
+        self.install_screen(TimelineScreen(), "timeline")
         self.install_screen(self.help_screen, "help")
         if not self.is_headless:
             self.call_after_refresh(self._freeze_startup_objects)
@@ -374,10 +378,13 @@ class GrpoTuiApp(App[int]):
             self.pop_screen()
 
     def _views(self) -> list[object]:
-        return [self.get_screen(name) for name in ("rollouts",)]
+        return [self.get_screen(name) for name in ("rollouts", "timeline")]
 
     def action_show_rollouts(self) -> None:
         self._show_view("rollouts")
+
+    def action_show_timeline(self) -> None:
+        self._show_view("timeline")
 
     def _show_view(self, name: str) -> None:
         """Bring an installed view to the top (from the dashboard or another view)."""

@@ -1,8 +1,9 @@
-"""System tools some tests need: Slurm (a real local cluster) and tmux (a real terminal).
+"""System tools some tests need: Slurm (a real local cluster), tmux (a real terminal) and
+Chromium (a real browser, headless, for the report's screenshot).
 
 A missing tool fails the tests that need it, naming the tool and how to install it, so a
 run without it cannot pass as green. ``GRPO_TUI_ALLOW_MISSING_TOOLS`` opts out, by the
-names of ``TOOLS`` (``slurm,tmux``): those tests then skip, and pytest's summary counts and
+names of ``TOOLS`` (``slurm,tmux,chromium``): those tests then skip, and pytest's summary counts and
 lists them (``-rs``). ``python tests/required_tools.py`` checks the same before a long run
 (``.ci/run``).
 """
@@ -17,6 +18,7 @@ ALLOW_MISSING_ENV = "GRPO_TUI_ALLOW_MISSING_TOOLS"
 TOOLS = {
     "slurm": (("slurmctld", "slurmd"), "Debian: apt-get install -y slurm-wlm"),
     "tmux": (("tmux",), "Debian: apt-get install -y tmux"),
+    "chromium": (("chromium",), "Debian: apt-get install -y chromium"),
 }
 """Each tool's name in ``GRPO_TUI_ALLOW_MISSING_TOOLS``: the commands it needs, how to get them."""
 

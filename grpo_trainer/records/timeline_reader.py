@@ -138,15 +138,19 @@ class Timeline:
         return (min(starts), max(ends)) if starts else None
 
     def breakdown(self, t0: float, t1: float) -> dict[str, dict[str, float]]:
-        """Seconds of each phase on each lane within ``[t0, t1]`` (overlaps of one lane's
-        phases counted once each), and ``idle``: the window's seconds no phase covered."""
+        """Seconds of each phase on each lane within ``[t0, t1]`` (a phase's overlapping
+        spans, e.g. an environment's concurrent requests, counted once), and ``idle``: the
+        window's seconds no phase covered."""
         result: dict[str, dict[str, float]] = {}
         for name, lane in self.lanes.items():
             phase, start, end = lane.window(t0, t1)
             clipped_start, clipped_end = np.maximum(start, t0), np.minimum(end, t1)
-            seconds = np.maximum(clipped_end - clipped_start, 0.0)
-            totals = np.bincount(phase, weights=seconds, minlength=len(PHASE_NAMES))
-            spent = {PHASE_NAMES[i]: float(v) for i, v in enumerate(totals) if v > 0}
+            spent = {}
+            for code in np.unique(phase).tolist():
+                mine = phase == code
+                seconds = _union_length(clipped_start[mine], clipped_end[mine])
+                if seconds > 0:
+                    spent[PHASE_NAMES[code]] = seconds
             busy = _union_length(clipped_start, clipped_end)
             spent[IDLE] = max(0.0, (t1 - t0) - busy)
             result[name] = spent

@@ -21,6 +21,7 @@ from grpo_tui.sweep.results import (
     SweepResults,
 )
 from grpo_tui.sweep.store import SweepDir
+from grpo_tui.timeline_svg import timeline_section
 
 COLORS = (
     "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e",
@@ -43,6 +44,9 @@ td.best { font-weight: bold; }
 .charts { display: flex; flex-wrap: wrap; gap: 12px; }
 .chart { border: 1px solid #ddd; padding: 4px; }
 svg text { font: 11px sans-serif; fill: #444; }
+h2 { font-size: 16px; margin: 24px 0 4px; }
+.legend { margin: 4px 0 12px; } .legend .item { margin-right: 14px; white-space: nowrap; }
+.chart.timeline { margin-bottom: 8px; }
 """
 
 
@@ -167,8 +171,9 @@ def render(
     rows: Sequence[Summary],
     curves: Mapping[str, Mapping[str, Sequence[tuple[float, int | None, float]]]],
     keys: Sequence[str],
+    extra: str = "",
 ) -> str:
-    """The whole HTML document."""
+    """The whole HTML document (``extra``: sections after the curves)."""
     colors = {row.id: COLORS[i % len(COLORS)] for i, row in enumerate(rows)}
     charts = []
     for metric, per_cell in curves.items():
@@ -184,7 +189,8 @@ def render(
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>"
         f"<title>{html.escape(title)}</title><style>{STYLE}</style></head><body>"
         f"<h1>{html.escape(title)}</h1><div class=meta>{meta}</div>"
-        f"{_table(rows, keys, colors)}<div class=charts>{''.join(charts)}</div></body></html>\n"
+        f"{_table(rows, keys, colors)}<div class=charts>{''.join(charts)}</div>{extra}"
+        "</body></html>\n"
     )
 
 
@@ -192,6 +198,7 @@ def write_report(target: Path, output: Path, *, threshold: float) -> Path:
     """Write the report of a sweep or run directory to ``output``; ``ValueError`` if neither."""
     now = time.time()
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    extra = ""
     if SweepDir.is_sweep(target):
         results = SweepResults(SweepDir(target))
         results.poll(threshold)
@@ -219,7 +226,8 @@ def write_report(target: Path, output: Path, *, threshold: float) -> Path:
         keys = []
         meta = f"run {html.escape(str(target.resolve()))} · threshold {threshold:g} · {stamp}"
         title = f"Run {target.resolve().name}"
+        extra = timeline_section(target)
     else:
         raise ValueError(f"{target}: neither a sweep directory nor a run directory")
-    output.write_text(render(title, meta, rows, curves, keys), encoding="utf-8")
+    output.write_text(render(title, meta, rows, curves, keys, extra), encoding="utf-8")
     return output

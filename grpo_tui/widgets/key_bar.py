@@ -152,7 +152,11 @@ class KeyBar(Widget):
 
 
 def _cut(description: str, limit: int | None) -> str:
-    """``description`` and a space, at most ``limit`` characters of it (0: none)."""
+    """``description`` and a space in at most ``limit`` characters (0: none): its first
+    word where that fits, else its start and an ellipsis."""
     if limit is None or len(description) <= limit:
         return f"{description} "
-    return f"{description[:limit]} " if limit else ""
+    if not limit:
+        return ""
+    first = description.split()[0]
+    return f"{first} " if len(first) <= limit else f"{description[: limit - 1]}… "

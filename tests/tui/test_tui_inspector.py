@@ -1,5 +1,6 @@
-"""The rollout inspector (``g``): live over a real trainer writing its records, and read-only
-over a run directory (``grpo-tui view``)."""
+"""The rollout inspector (``g``) and the step timeline (``t``) live over a real trainer
+writing its records; the inspector read-only over a run directory (``grpo-tui view``; the
+timeline's own tests are in ``test_tui_timeline.py``)."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from recorded_rollouts import STEPS, write_recorded_rollouts
 from textual.pilot import Pilot
 from textual.widgets import Input, Static
 from tui_recorded_run import NOW, recorded_state
+from tui_text import plain
 
 from grpo_trainer.models import build_tiny_model
 from grpo_tui.app import GrpoTuiApp
 from grpo_tui.run_state import RunState
 from grpo_tui.screens.inspector import InspectorScreen
+from grpo_tui.screens.timeline import TimelineScreen
 from grpo_tui.stack.stack import GrpoStack
 from grpo_tui.supervisor.spec import LogLineProbe, ProcessSpec
 from grpo_tui.supervisor.supervisor import Supervisor
@@ -68,10 +71,10 @@ def append_groups(path: Path, groups: list[dict[str, Any]]) -> None:
 
 def detail_text(app: GrpoTuiApp) -> str:
     detail = app.screen.query_one(GroupDetail)
-    return "\n".join(str(static.render()) for static in detail.query(Static))
+    return "\n".join(plain(static) for static in detail.query(Static))
 
 
-async def test_inspector_follows_a_live_trainer(tmp_path: Path) -> None:
+async def test_inspector_and_timeline_follow_a_live_trainer(tmp_path: Path) -> None:
     model = build_tiny_model(tmp_path / "model", seed=0)
     batches = tmp_path / "batches.jsonl"
     append_groups(batches, groups_for(1))
@@ -116,9 +119,26 @@ async def test_inspector_follows_a_live_trainer(tmp_path: Path) -> None:
         assert screen.measure == "entropy" and "entropy: " in detail_text(app)
         await pilot.press("down")  # an older group: new ones no longer move the cursor
         assert screen.record.step == 2 and listing.cursor == 1
+
+        await pilot.press("t")  # the timeline of the same two steps, from the trainer's lane
+        timeline = app.screen
+        assert isinstance(timeline, TimelineScreen)
+        await wait_for(
+            pilot, "two steps on the timeline", lambda: timeline_steps(timeline) == [1, 2], 20
+        )
+        summary = plain(timeline.query_one("#timeline-summary", Static))
+        assert "steps 1-2" in summary and "step 2" in summary
+        breakdown = plain(timeline.query_one("#timeline-breakdown", Static))
+        assert "trainer" in breakdown and "forward+backward" in breakdown
+        await pilot.press("left")
+        assert timeline.current_step == 1
         await pilot.press("d")
-        assert not isinstance(app.screen, InspectorScreen)
+        assert not isinstance(app.screen, InspectorScreen | TimelineScreen)
         await app.supervisor.shutdown("test done")  # type: ignore[union-attr]
+
+
+def timeline_steps(screen: TimelineScreen) -> list[int]:
+    return screen.timeline.steps() if screen.timeline is not None else []
 
 
 def view_app(run_dir: Path) -> GrpoTuiApp:
@@ -155,7 +175,7 @@ async def test_inspector_filters_and_browses_a_finished_run(tmp_path: Path) -> N
         await pilot.press("slash")
         box.value = "lag>>2"
         await pilot.press("enter")
-        summary = str(screen.query_one("#inspector-summary", Static).render())
+        summary = plain(screen.query_one("#inspector-summary", Static))
         assert "lag>>2" in summary and box.display  # refused: the filter stays open
         await pilot.press("escape")
         assert not box.display
