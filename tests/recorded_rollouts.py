@@ -44,7 +44,8 @@ def _group(step: int, index: int, env: str, *, dropped: bool) -> GroupParts:
         if env == "toy":
             body = [digit if (seq + step) % 3 else str((seq + 1) % 10) for _ in range(4)]
         else:
-            body = ["the", " answer", " is", " ", str((seq * step) % 10), "."]
+            answer = digit if (seq + step) % 3 else str((int(digit) + 1 + seq) % 10)
+            body = ["the", " answer", " is", " ", answer, "."]
         if dropped:
             body = [digit] * 4
         completion = _ids(body)
@@ -57,7 +58,10 @@ def _group(step: int, index: int, env: str, *, dropped: bool) -> GroupParts:
         inference.append(np.where(mask, lp, np.nan).astype(np.float32))
         trainer.append(np.where(mask, lp + drift, np.nan).astype(np.float32))
         entropy.append(np.where(mask, rng.gamma(2.0, 0.4, n + c), np.nan).astype(np.float32))
-        scores.append(1.0 if dropped else round(sum(p == digit for p in body) / len(body), 3))
+        if env == "gsm8k" and not dropped:
+            scores.append(float(body[4] == digit))
+        else:
+            scores.append(1.0 if dropped else round(sum(p == digit for p in body) / len(body), 3))
         texts.append("".join(body))
     arrays = {
         "tokens": np.concatenate(tokens),

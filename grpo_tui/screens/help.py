@@ -12,7 +12,10 @@ from textual.keys import format_key
 from textual.screen import ModalScreen
 from textual.widgets import Static
 
+from grpo_tui.screens.dashboard import DashboardScreen
+from grpo_tui.screens.inspector import InspectorScreen
 from grpo_tui.screens.logs import LogsScreen
+from grpo_tui.screens.timeline import TimelineScreen
 
 if TYPE_CHECKING:
     from grpo_tui.app import GrpoTuiApp
@@ -43,7 +46,7 @@ def bindings_table(title: str, bindings: list[Binding], keymap: dict[str, str]) 
 
 
 class HelpScreen(ModalScreen[None]):
-    """Key bindings of the app and of the logs screen."""
+    """Key bindings of the app and of each screen."""
 
     app: GrpoTuiApp
 
@@ -56,7 +59,14 @@ class HelpScreen(ModalScreen[None]):
         with VerticalScroll(id="help-dialog", classes="dialog"):
             yield Static("[b]grpo-tui keys[/b]")
             yield Static(bindings_table("everywhere", self.app.key_bindings(), keymap))
-            yield Static(bindings_table("logs screen", list(LogsScreen.BINDINGS), keymap))
+            for title, screen in (
+                ("dashboard", DashboardScreen),
+                ("logs screen", LogsScreen),
+                ("rollouts screen", InspectorScreen),
+                ("timeline screen", TimelineScreen),
+            ):
+                bindings = [b for b in screen.BINDINGS if isinstance(b, Binding)]
+                yield Static(bindings_table(title, bindings, keymap))
             yield Static(KEYMAP_HINT.format(path=self.app.keymap_path), classes="hint")
 
     def action_dismiss(self) -> None:

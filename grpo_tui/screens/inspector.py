@@ -46,8 +46,10 @@ class InspectorScreen(Screen[None]):
         Binding("slash", "filter", "Filter", id="rollouts-filter"),
         Binding("v", "next_kind", "Kind", id="rollouts-kind"),
         Binding("c", "next_measure", "Colour", id="rollouts-colour"),
-        Binding("left", "completion(-1)", "Prev", show=False, id="rollouts-previous"),
-        Binding("right", "completion(1)", "Next", show=False, id="rollouts-next"),
+        Binding(
+            "left", "completion(-1)", "Previous completion", show=False, id="rollouts-previous"
+        ),
+        Binding("right", "completion(1)", "Next completion", show=False, id="rollouts-next"),
         Binding("escape", "escape", "Back", show=False, id="rollouts-escape"),
     ]
 

@@ -116,6 +116,7 @@ class ModeSwitchScreen(ModalScreen[str | None]):
         pane = self.query_one(LogPane)
         pane.start_from_now()
         pane.display = True
+        self.query_one("#mode-plan").display = False  # read already; room for the progress
         self.query_one(OptionList).disabled = True
         self.query_one("#mode-confirm", Button).disabled = True
         self.query_one("#mode-cancel", Button).disabled = True

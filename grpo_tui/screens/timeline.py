@@ -35,11 +35,11 @@ class TimelineScreen(Screen[None]):
     app: GrpoTuiApp
 
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("left", "step(-1)", "Step", show=False, id="timeline-previous"),
-        Binding("right", "step(1)", "Step", show=False, id="timeline-next"),
+        Binding("left", "step(-1)", "Previous step", show=False, id="timeline-previous"),
+        Binding("right", "step(1)", "Next step", show=False, id="timeline-next"),
         Binding("plus,equals_sign", "zoom(1)", "More steps", id="timeline-zoom-out"),
-        Binding("minus", "zoom(-1)", "Fewer", id="timeline-zoom-in"),
-        Binding("a", "all_steps", "All", id="timeline-all"),
+        Binding("minus", "zoom(-1)", "Fewer steps", id="timeline-zoom-in"),
+        Binding("a", "all_steps", "All steps", id="timeline-all"),
         Binding("end", "follow", "Newest", id="timeline-follow"),
         Binding("escape", "back", "Back", show=False, id="timeline-escape"),
     ]

@@ -26,6 +26,7 @@ from grpo_tui.stack.stack import GrpoStack
 from grpo_tui.supervisor.events import State
 from grpo_tui.supervisor.spec import ProcessSpec
 from grpo_tui.supervisor.supervisor import Supervisor
+from grpo_tui.widgets.key_bar import KeyBar
 from grpo_tui.widgets.log_pane import LogPane
 from grpo_tui.widgets.process_table import ProcessTable
 
@@ -243,3 +244,20 @@ async def test_command_palette_lists_every_action(make_app) -> None:
         await pilot.pause(0.3)
         await pilot.press("enter")
         await wait_for(pilot, "trainer stopped", lambda: state_of(app, "trainer") == State.STOPPED)
+
+
+async def test_every_key_stays_on_the_key_bar_at_100_columns(make_app) -> None:
+    """All of the dashboard's keys (a live run's: the actions too) fit a 100-column bar,
+    their descriptions cut down to fit; wide, they are whole."""
+    app = make_app(stack())
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, "trainer ready", lambda: state_of(app, "trainer") == State.READY)
+        bar = app.screen.query_one(KeyBar)
+        text = bar.render().plain
+        for key in ("r", "x", "s", "K", "i", "m", "e", "d", "l", "g", "t", "?", "q"):
+            assert f" {key} " in text, (key, text)
+        assert text.rstrip().endswith("^p palette") and len(text) <= 100
+        await pilot.resize_terminal(200, 30)
+        await pilot.pause()
+        wide = bar.render().plain
+        assert " i Restart inference " in wide and " t Timeline " in wide

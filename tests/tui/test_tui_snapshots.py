@@ -1,7 +1,9 @@
 """Snapshot tests (pytest-textual-snapshot, Textual pinned in pyproject) on recorded data.
 
-The app is fed a recorded run (fixed event times, a fixed clock), so every screen draws the
-same thing on every machine: dashboard, logs, mode switch and help.
+The app is fed a recorded run (fixed event times, a fixed clock) and recorded rollouts and
+timeline (``tests/recorded_rollouts.py``), so every screen draws the same thing on every
+machine: dashboard, logs, mode switch, help, rollout inspector and timeline, at 160x48 and
+at the smallest (100x30) and a large (200x50) terminal.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+from recorded_rollouts import write_recorded_rollouts
 from textual.pilot import Pilot
 from tui_recorded_run import NOW, recorded_state
 
@@ -56,3 +59,49 @@ def test_mode_switch_snapshot(snap_compare) -> None:
 
 def test_help_snapshot(snap_compare) -> None:
     assert snap_compare(recorded_app(), terminal_size=SIZE, press=["question_mark", "_"])
+
+
+# Every screen at 100x30 (the smallest terminal it must be usable in) and 200x50.
+SMALL, LARGE = (100, 30), (200, 50)
+
+
+@pytest.fixture(scope="module")
+def rollouts_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("rollouts")
+    write_recorded_rollouts(path)
+    return path
+
+
+def recorded_app_with_records(run_dir: Path) -> GrpoTuiApp:
+    app = recorded_app()
+    app.state.run_dir = run_dir
+    return app
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["100x30", "200x50"])
+def test_dashboard_sizes_snapshot(snap_compare, size: tuple[int, int]) -> None:
+    async def show_dashboard(pilot: Pilot[int]) -> None:
+        await pilot.app.push_screen(DashboardScreen())
+        await pilot.pause()
+
+    assert snap_compare(recorded_app(), terminal_size=size, run_before=show_dashboard)
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["100x30", "200x50"])
+def test_inspector_snapshot(snap_compare, rollouts_dir: Path, size: tuple[int, int]) -> None:
+    app = recorded_app_with_records(rollouts_dir)
+    assert snap_compare(app, terminal_size=size, press=["g", "down", "right", "_"])
+
+
+@pytest.mark.parametrize("size", [SMALL, LARGE], ids=["100x30", "200x50"])
+def test_timeline_snapshot(snap_compare, rollouts_dir: Path, size: tuple[int, int]) -> None:
+    app = recorded_app_with_records(rollouts_dir)
+    assert snap_compare(app, terminal_size=size, press=["t", "left", "_"])
+
+
+def test_logs_small_snapshot(snap_compare) -> None:
+    assert snap_compare(recorded_app(), terminal_size=SMALL, press=["l", "_"])
+
+
+def test_help_small_snapshot(snap_compare) -> None:
+    assert snap_compare(recorded_app(), terminal_size=SMALL, press=["question_mark", "_"])
