@@ -16,19 +16,8 @@ import numpy as np
 
 from grpo_trainer.records.timeline import PHASES
 from grpo_trainer.records.timeline_reader import IDLE, PHASE_NAMES, Timeline
+from grpo_tui.timeline_view import PHASE_COLORS as COLORS
 
-COLORS = {
-    "generate": "#2ca02c",
-    "room": "#9e9e9e",
-    "wait": "#5f5f5f",
-    "sleep": "#1f77b4",
-    "forward_backward": "#c02cc0",
-    "pause": "#e6c619",
-    "optimizer": "#17becf",
-    "resume": "#ff7f0e",
-    "transfer": "#d62728",
-    "wake": "#6fa8ff",
-}
 WIDTH = 940
 LANE_H, LANE_GAP, LABEL_W = 22, 6, 120
 SWIMLANE_STEPS = 5

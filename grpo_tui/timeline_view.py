@@ -21,17 +21,18 @@ from grpo_trainer.records.timeline import PHASES
 from grpo_trainer.records.timeline_reader import IDLE, PHASE_NAMES, Lane, Timeline
 
 PHASE_COLORS: dict[str, str] = {
-    "generate": "green",
-    "room": "grey50",
-    "wait": "grey35",
-    "sleep": "blue",
-    "forward_backward": "magenta",
-    "pause": "yellow",
-    "optimizer": "cyan",
-    "resume": "dark_orange",
-    "transfer": "red",
-    "wake": "bright_blue",
+    "generate": "#2ca02c",
+    "room": "#8c8c8c",
+    "wait": "#5a5a5a",
+    "sleep": "#1f77b4",
+    "forward_backward": "#9467bd",
+    "pause": "#e6c619",
+    "optimizer": "#17becf",
+    "resume": "#ff7f0e",
+    "transfer": "#d62728",
+    "wake": "#6fa8ff",
 }
+"""One colour per phase, the same in the terminal and in the report's SVG."""
 LABEL = 14
 """Columns for the lane names."""
 

@@ -5,6 +5,7 @@ home: the first test that builds the tiny model fills it, the later ones copy fr
 import os
 import shutil
 import tempfile
+from pathlib import Path
 
 import pytest
 from process_guard import pytest_configure as guard_configure
@@ -24,3 +25,13 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     guard_unconfigure(config)
     while _cache:
         shutil.rmtree(_cache.pop(), ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def recorded_rollouts_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A run directory with ``recorded_rollouts.py``'s records (rollouts and timeline)."""
+    from recorded_rollouts import write_recorded_rollouts
+
+    path = tmp_path_factory.mktemp("recorded-run")
+    write_recorded_rollouts(path)
+    return path

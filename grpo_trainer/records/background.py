@@ -3,7 +3,10 @@
 Observability must never slow or kill training: :meth:`BackgroundWriter.submit` only puts a
 job on a bounded queue (a full queue drops the job and counts it), the thread does the
 encoding and the writes, and the first error (a full disk, say) is reported once and stops
-the recording, not the process.
+the recording, not the process. With an ``idle`` event the thread waits for it before a
+job (a trainer sets it while it waits for its next batch, so the recording's Python work
+never competes with a step for the GIL), unless the queue is half full or the job has
+waited :data:`MAX_DELAY` seconds.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from collections.abc import Callable
 Job = Callable[[], None]
 QUEUE_JOBS = 256
 CLOSE_TIMEOUT = 10.0
+MAX_DELAY = 5.0
+"""Seconds a job waits for the ``idle`` event at most."""
 
 
 class _Marker:
@@ -38,11 +43,16 @@ class BackgroundWriter:
         *,
         on_error: Callable[[str], None] = lambda message: None,
         queue_jobs: int = QUEUE_JOBS,
+        idle: threading.Event | None = None,
     ) -> None:
         self.name = name
         self.on_error = on_error
+        self.idle = idle
+        self._closing = False
         self.dropped = 0
         self.failed: str | None = None
+        self.busy = 0.0
+        """CPU seconds the thread spent in jobs (what recording costs the process)."""
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=queue_jobs)
         self._thread = threading.Thread(target=self._run, name=f"record-{name}", daemon=True)
         self._thread.start()
@@ -63,24 +73,41 @@ class BackgroundWriter:
         while (job := self._queue.get()) is not None:
             if self.failed is not None and not isinstance(job, _Marker):
                 continue
+            self._wait_for_idle()
+            started = time.thread_time()
             try:
                 job()
             except Exception as exc:  # any failure of a recording job ends recording only
                 self.failed = f"{type(exc).__name__}: {exc}"
                 self.on_error(f"recording {self.name} stopped: {self.failed}")
+            self.busy += time.thread_time() - started
+
+    def _wait_for_idle(self) -> None:
+        """Hold the next job until the caller is idle (bounded: see the module doc)."""
+        if self.idle is None:
+            return
+        deadline = time.monotonic() + MAX_DELAY
+        while not (self.idle.is_set() or self._closing):
+            if self._queue.qsize() * 2 >= self._queue.maxsize or time.monotonic() >= deadline:
+                return
+            self.idle.wait(0.05)
 
     def flush(self, timeout: float = CLOSE_TIMEOUT) -> bool:
         """Wait (bounded) until every job queued so far ran; False on timeout."""
+        self._closing = True  # run what is queued now, idle or not
         done = threading.Event()
         deadline = time.monotonic() + timeout
         try:
             self._queue.put(_Marker(done), timeout=timeout)
         except queue.Full:
             return False
-        return done.wait(max(0.0, deadline - time.monotonic()))
+        finished = done.wait(max(0.0, deadline - time.monotonic()))
+        self._closing = False
+        return finished
 
     def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
         """Run what is queued (waiting at most ``timeout`` s), then stop the thread."""
+        self._closing = True
         deadline = time.monotonic() + timeout
         while True:
             try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import ClassVar
@@ -33,8 +34,9 @@ class ProcessRecords:
         max_mb: float,
         every: int = 1,
         on_error: Callable[[str], None] = lambda message: None,
+        idle: threading.Event | None = None,
     ) -> None:
-        self.background = BackgroundWriter(stem, on_error=on_error)
+        self.background = BackgroundWriter(stem, on_error=on_error, idle=idle)
         self.rollouts = (
             RolloutWriter(run_dir, stem, max_mb=max_mb, every=every, background=self.background)
             if max_mb > 0
@@ -45,15 +47,14 @@ class ProcessRecords:
         self._pieces: dict[int, str] = {}
 
     def pieces_of(self, tokens: np.ndarray) -> dict[int, str]:
-        """The text of each distinct token id (each decoded once per process; called on the
+        """The text of each token id in ``tokens`` not decoded before (each id is decoded
+        once per process and recorded once in the writer's vocabulary; called on the
         writer's thread)."""
-        pieces = {}
+        new = {}
         for token in np.unique(tokens).tolist():
-            piece = self._pieces.get(token)
-            if piece is None:
-                piece = self._pieces[token] = self.decode([token])
-            pieces[token] = piece
-        return pieces
+            if token not in self._pieces:
+                new[token] = self._pieces[token] = self.decode([token])
+        return new
 
     @property
     def dropped(self) -> int:

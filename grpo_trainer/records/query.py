@@ -113,18 +113,23 @@ def _bounds(word: str, name: str, op: str, value: str) -> Bounds:
 def select(index: RolloutIndex, flt: GroupFilter) -> np.ndarray:
     """Row numbers of the groups that pass ``flt``, newest first."""
     rows = index.groups()
-    table = index.rows[rows]
+    whole = len(rows) == len(index)  # no rank parts: every row, in order
+
+    def column(name: str) -> np.ndarray:
+        values = index.rows[name]
+        return values if whole else values[rows]
+
     keep = np.ones(len(rows), bool)
     if flt.kind is not None:
-        keep &= table["kind"] == KINDS.index(flt.kind)
+        keep &= column("kind") == KINDS.index(flt.kind)
     if flt.env is not None:
         code = index.envs.index(flt.env) if flt.env in index.envs else -1
-        keep &= index.env[rows] == code
+        keep &= (index.env if whole else index.env[rows]) == code
     for name, (low, high) in flt.ranges.items():
-        values = table[RANGED[name]].astype(float)
+        values = column(RANGED[name]).astype(float)
         keep &= (values >= low) & (values <= high)
         if name == "lag":
             keep &= values != NO_LAG
     chosen = rows[keep]
-    order = np.argsort(-index.rows["t"][chosen], kind="stable")
+    order = np.argsort(-column("t")[keep], kind="stable")
     return chosen[order]

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
-from grpo_trainer.records.rollout_writer import ROLLOUTS_DIR, env_names_path
+from grpo_trainer.records.rollout_writer import ROLLOUTS_DIR, env_names_path, pieces_path
 from grpo_trainer.records.rollouts import INDEX_DTYPE, GroupRecord, decode, group_record
-from grpo_trainer.records.segments import list_segments, segment_path
+from grpo_trainer.records.segments import list_segments, read_after, segment_path
 
 RANK_SUFFIX = re.compile(r"\.rank\d+$")
 
@@ -32,11 +32,16 @@ class _IndexFile:
     writer: int
     segment: int
     read: int = 0
-    rows: np.ndarray | None = None
+    chunks: list[np.ndarray] = field(default_factory=list)
+    """Rows as read (views of the bytes read, no copy)."""
 
 
 class RolloutIndex:
-    """Every group recorded under ``run_dir/rollouts``; ``rows[i]`` is group ``i``'s summary."""
+    """Every group recorded under ``run_dir/rollouts``; ``rows[i]`` is group ``i``'s summary.
+
+    Rows live in arrays that grow by doubling, so a poll copies only what is new; a deleted
+    segment rebuilds them from what is kept.
+    """
 
     def __init__(self, run_dir: Path) -> None:
         self.directory = run_dir / ROLLOUTS_DIR
@@ -44,19 +49,46 @@ class RolloutIndex:
         self.envs: list[str] = []
         """Every environment name seen, in order; ``env[i]`` indexes it."""
         self._env_codes: dict[int, np.ndarray] = {}
+        self._families: list[int] = []
+        """Per writer: its family (a trainer's ranks share one)."""
         self._files: dict[tuple[str, int], _IndexFile] = {}
+        self._pieces: dict[str, tuple[int, dict[int, str]]] = {}
+        """Per writer: bytes of its vocabulary read so far, and the pieces."""
         self._split = False
         self._clear()
 
     def _clear(self) -> None:
-        self.rows = np.zeros(0, INDEX_DTYPE)
-        self.writer = np.zeros(0, np.uint16)
-        self.segment = np.zeros(0, np.int32)
-        self.env = np.zeros(0, np.int32)
-        self.family = np.zeros(0, np.uint16)
+        self._size = 0
+        self._columns = {
+            "rows": np.zeros(0, INDEX_DTYPE),
+            "writer": np.zeros(0, np.uint16),
+            "segment": np.zeros(0, np.int32),
+            "env": np.zeros(0, np.int32),
+            "family": np.zeros(0, np.uint16),
+        }
+
+    @property
+    def rows(self) -> np.ndarray:
+        return self._columns["rows"][: self._size]
+
+    @property
+    def writer(self) -> np.ndarray:
+        return self._columns["writer"][: self._size]
+
+    @property
+    def segment(self) -> np.ndarray:
+        return self._columns["segment"][: self._size]
+
+    @property
+    def env(self) -> np.ndarray:
+        return self._columns["env"][: self._size]
+
+    @property
+    def family(self) -> np.ndarray:
+        return self._columns["family"][: self._size]
 
     def __len__(self) -> int:
-        return len(self.rows)
+        return self._size
 
     def poll(self) -> int:
         """Read what was appended since the last call; returns how many rows are new."""
@@ -68,58 +100,61 @@ class RolloutIndex:
         gone = [key for key in self._files if key not in present]
         for key in gone:
             del self._files[key]
+        if gone:
+            self._clear()
+            for entry in self._files.values():
+                for chunk in entry.chunks:
+                    self._append(entry, chunk)
         new = 0
         for stem, segment in sorted(present):
             entry = self._files.get((stem, segment))
             if entry is None:
                 entry = self._files[(stem, segment)] = _IndexFile(self._writer(stem), segment)
-            new += self._read_rows(stem, entry)
-        if new or gone:
-            self._rebuild()
+            chunk = self._read_rows(stem, entry)
+            if chunk is not None:
+                self._append(entry, chunk)
+                new += len(chunk)
         return new
 
     def _writer(self, stem: str) -> int:
         if stem not in self.writers:
             self.writers.append(stem)
+            families = [RANK_SUFFIX.sub("", name) for name in self.writers]
+            self._families = [sorted(set(families)).index(f) for f in families]
+            self._split = len(set(families)) < len(self.writers)
+            self._columns["family"][: self._size] = np.array(self._families, np.uint16)[self.writer]
         return self.writers.index(stem)
 
-    def _read_rows(self, stem: str, entry: _IndexFile) -> int:
-        path = segment_path(self.directory, stem, entry.segment, "index")
-        try:
-            with path.open("rb") as handle:
-                handle.seek(entry.read)
-                data = handle.read()
-        except FileNotFoundError:
-            return 0
+    def _read_rows(self, stem: str, entry: _IndexFile) -> np.ndarray | None:
+        data = read_after(segment_path(self.directory, stem, entry.segment, "index"), entry.read)
+        if data is None:
+            return None
         whole = len(data) // INDEX_DTYPE.itemsize
         if not whole:
-            return 0
-        rows = np.frombuffer(data[: whole * INDEX_DTYPE.itemsize], INDEX_DTYPE).copy()
+            return None
+        chunk = np.frombuffer(data, INDEX_DTYPE, whole)
         entry.read += whole * INDEX_DTYPE.itemsize
-        entry.rows = rows if entry.rows is None else np.concatenate([entry.rows, rows])
-        return whole
+        entry.chunks.append(chunk)
+        return chunk
 
-    def _rebuild(self) -> None:
-        entries = [e for _, e in sorted(self._files.items()) if e.rows is not None]
-        if not entries:
-            self._clear()
-            return
-        self.rows = np.concatenate([e.rows for e in entries if e.rows is not None])
-        self.writer = np.concatenate(
-            [np.full(len(e.rows), e.writer, np.uint16) for e in entries if e.rows is not None]
-        )
-        self.segment = np.concatenate(
-            [np.full(len(e.rows), e.segment, np.int32) for e in entries if e.rows is not None]
-        )
-        families = [RANK_SUFFIX.sub("", stem) for stem in self.writers]
-        unique = sorted(set(families))
-        self.family = np.array([unique.index(f) for f in families], np.uint16)[self.writer]
-        self._split = len(unique) < len(self.writers)
-        self.env = np.zeros(len(self.rows), np.int32)
-        for writer, stem in enumerate(self.writers):
-            codes = self._global_env_codes(writer, stem, int(self.rows["env"].max()) + 1)
-            mine = self.writer == writer
-            self.env[mine] = codes[self.rows["env"][mine]]
+    def _append(self, entry: _IndexFile, chunk: np.ndarray) -> None:
+        """Add ``chunk``'s rows at the end (growing the arrays by doubling)."""
+        end = self._size + len(chunk)
+        if end > len(self._columns["rows"]):
+            capacity = max(end, 2 * len(self._columns["rows"]), 1024)
+            for name, column in self._columns.items():
+                grown = np.zeros(capacity, column.dtype)
+                _copy(grown, 0, column[: self._size])
+                self._columns[name] = grown
+        at = slice(self._size, end)
+        stem = self.writers[entry.writer]
+        codes = self._global_env_codes(entry.writer, stem, int(chunk["env"].max()) + 1)
+        _copy(self._columns["rows"], self._size, chunk)
+        self._columns["writer"][at] = entry.writer
+        self._columns["segment"][at] = entry.segment
+        self._columns["env"][at] = codes[chunk["env"]]
+        self._columns["family"][at] = self._families[entry.writer]
+        self._size = end
 
     def _global_env_codes(self, writer: int, stem: str, needed: int) -> np.ndarray:
         codes = self._env_codes.get(writer)
@@ -170,7 +205,25 @@ class RolloutIndex:
                 & (self.rows["step"] == r["step"])
                 & (self.rows["group"] == r["group"])
             ).tolist()
-        return group_record([decode(self._read(i)) for i in parts])
+        pieces: dict[int, str] = {}
+        for i in parts:
+            pieces |= self._vocabulary(self.writers[int(self.writer[i])])
+        return group_record([decode(self._read(i)) for i in parts], pieces)
+
+    def _vocabulary(self, stem: str) -> dict[int, str]:
+        """The writer's token pieces (what it appended since the last call is read now)."""
+        read, pieces = self._pieces.get(stem, (0, {}))
+        data = read_after(pieces_path(self.directory, stem), read)
+        if data is None:
+            return pieces
+        whole = data[: data.rfind(b"\n") + 1]
+        for line in whole.splitlines():
+            try:
+                pieces |= {int(k): str(v) for k, v in json.loads(line).items()}
+            except (ValueError, AttributeError):
+                continue
+        self._pieces[stem] = (read + len(whole), pieces)
+        return pieces
 
     def _read(self, row: int) -> bytes:
         stem = self.writers[int(self.writer[row])]
@@ -185,3 +238,10 @@ class RolloutIndex:
         if len(data) != length:
             raise RecordGone(f"{path.name} ends before this record")
         return data
+
+
+def _copy(target: np.ndarray, at: int, rows: np.ndarray) -> None:
+    """``target[at : at + len(rows)] = rows`` as a byte copy (numpy copies a packed record
+    array field by field: 50 times slower)."""
+    size = target.dtype.itemsize
+    target.view(np.uint8)[at * size : (at + len(rows)) * size] = rows.view(np.uint8)

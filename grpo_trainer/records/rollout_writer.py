@@ -27,6 +27,11 @@ def env_names_path(directory: Path, stem: str) -> Path:
     return directory / f"{stem}.envs.json"
 
 
+def pieces_path(directory: Path, stem: str) -> Path:
+    """The writer's vocabulary: lines of ``{"token id": "text"}``, each id once."""
+    return directory / f"{stem}.pieces.jsonl"
+
+
 def run_directory(fallback: Path | None = None) -> Path | None:
     """Where records go: the supervisor's run directory (``$GRPO_TUI_RUN_DIR``), else
     ``fallback`` (None: nowhere, recording is off)."""
@@ -63,6 +68,7 @@ class RolloutWriter:
         self.env_names: list[str] = json.loads(names.read_text()) if names.is_file() else []
         self.background = background
         self.written = 0
+        self._pieces: set[int] = set()
 
     def due(self, count: int) -> bool:
         """Whether the ``count``-th step or group is sampled (every ``every``-th one)."""
@@ -74,11 +80,23 @@ class RolloutWriter:
         return self.background.submit(lambda: self._write(build()))
 
     def _write(self, groups: Iterable[GroupParts]) -> None:
+        """Encode every group, then append them with one write per file (data first)."""
+        offset = self.log.offsets()["data"]
+        data, index, pieces = [], [], {}
         for parts in groups:
-            data, row = encode(parts, self._env_code(parts.env))
-            row["offset"] = self.log.offsets()["data"]
-            self.log.write({"data": data, "index": row.tobytes()})
-            self.written += 1
+            pieces |= {k: v for k, v in parts.pieces.items() if k not in self._pieces}
+            record, row = encode(parts, self._env_code(parts.env))
+            row["offset"] = offset
+            offset += len(record)
+            data.append(record)
+            index.append(row.tobytes())
+        if pieces:  # before the rows that use them
+            with pieces_path(self.directory, self.stem).open("a") as handle:
+                handle.write(json.dumps({str(k): v for k, v in pieces.items()}) + "\n")
+            self._pieces |= set(pieces)
+        if data:
+            self.log.write({"data": b"".join(data), "index": b"".join(index)})
+            self.written += len(data)
 
     def _env_code(self, name: str) -> int:
         if name not in self.env_names:

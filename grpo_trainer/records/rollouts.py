@@ -7,7 +7,7 @@ when a group is opened, so opening a group costs the same in a record of a hundr
 as in one of a million.
 
 A record is ``u32 header length``, the JSON header (step, environment, policy version,
-lag, scores, advantages, texts, ``lengths`` of the sequences, the token pieces seen), then
+lag, scores, advantages, texts, ``lengths`` of the sequences), then
 one array per field over all sequences' positions end to end (``ARRAYS``): token ids,
 whether the position is trained, and per trained position the inference logprob and, for a
 group the trainer trained on, its own logprob, the entropy and the importance ratio
@@ -99,7 +99,8 @@ class GroupParts(GroupFacts):
 
     ``arrays`` holds ``tokens``, ``trained`` and ``inference_logprobs``, and for a trained
     group ``trainer_logprobs``, ``entropy`` and ``ratio``; ``lengths`` cuts them into
-    sequences. ``pieces`` maps each token id to its text.
+    sequences. ``pieces`` maps token ids to their text (the writer records each id once,
+    in its vocabulary file, ``<stem>.pieces.jsonl``).
     """
 
     scores: list[float]
@@ -137,7 +138,6 @@ def encode(parts: GroupParts, env_code: int) -> tuple[bytes, np.ndarray]:
         "lengths": parts.lengths,
         "prompt_text": parts.prompt_text,
         "texts": parts.texts,
-        "pieces": {str(k): v for k, v in parts.pieces.items()},
         "arrays": [name for name, _ in ARRAYS if name in parts.arrays],
     }
     body = json.dumps(header, separators=(",", ":")).encode()
@@ -146,33 +146,40 @@ def encode(parts: GroupParts, env_code: int) -> tuple[bytes, np.ndarray]:
         if name in parts.arrays:
             chunks.append(np.ascontiguousarray(parts.arrays[name], dtype=dtype).tobytes())
     data = b"".join(chunks)
-    row = np.zeros(1, INDEX_DTYPE)
-    row["length"] = len(data)
-    row["t"] = parts.t
-    row["step"] = parts.step
-    row["group"] = parts.group
-    row["version"] = -1 if parts.version is None else parts.version
-    row["lag"] = NO_LAG if parts.lag is None else parts.lag
-    row["kind"] = KINDS.index(parts.kind)
-    row["rank"] = parts.rank
-    row["session"] = parts.session
-    row["env"] = env_code
-    scores = np.asarray(parts.group_scores or parts.scores, dtype=float)
-    row["sequences"] = len(scores)
-    row["reward_mean"], row["reward_min"], row["reward_max"] = (
-        scores.mean(),
-        scores.min(),
-        scores.max(),
-    )
-    trained = parts.arrays["trained"].astype(bool)
-    row["length_mean"] = trained.sum() / max(len(parts.lengths), 1)
-    row["mismatch_kl"] = math.nan
-    if "trainer_logprobs" in parts.arrays and trained.any():
+    return data, np.array([summary(parts, env_code, len(data))], INDEX_DTYPE)
+
+
+def summary(parts: GroupParts, env_code: int, length: int) -> tuple[object, ...]:
+    """The index row of a record of ``length`` bytes, as a tuple in :data:`INDEX_DTYPE`'s
+    order (``offset`` 0: the writer sets it)."""
+    scores = parts.group_scores or parts.scores
+    trained = parts.arrays["trained"].astype(bool, copy=False)
+    count = int(np.count_nonzero(trained))
+    mismatch = math.nan
+    if "trainer_logprobs" in parts.arrays and count:
         delta = (
             parts.arrays["trainer_logprobs"][trained] - parts.arrays["inference_logprobs"][trained]
         )
-        row["mismatch_kl"] = float(k3(delta.astype(float)).mean())
-    return data, row
+        mismatch = float(k3(delta.astype(float)).mean())
+    return (
+        0,
+        length,
+        parts.t,
+        parts.step,
+        parts.group,
+        -1 if parts.version is None else parts.version,
+        NO_LAG if parts.lag is None else parts.lag,
+        parts.session,
+        KINDS.index(parts.kind),
+        parts.rank,
+        env_code,
+        len(scores),
+        sum(scores) / len(scores),
+        min(scores),
+        max(scores),
+        count / max(len(parts.lengths), 1),
+        mismatch,
+    )
 
 
 @dataclass
@@ -252,14 +259,14 @@ def decode(data: bytes) -> tuple[dict[str, Any], dict[str, np.ndarray]]:
     return header, arrays
 
 
-def group_record(parts: Sequence[tuple[dict[str, Any], Mapping[str, np.ndarray]]]) -> GroupRecord:
+def group_record(
+    parts: Sequence[tuple[dict[str, Any], Mapping[str, np.ndarray]]], pieces: dict[int, str]
+) -> GroupRecord:
     """One group from its decoded parts (one per writer that holds some of its sequences;
-    a single-process trainer or an environment writes one)."""
+    a single-process trainer or an environment writes one) and its writers' vocabulary."""
     first = parts[0][0]
     completions: list[Completion] = []
-    pieces: dict[int, str] = {}
     for header, arrays in parts:
-        pieces |= {int(k): v for k, v in header["pieces"].items()}
         ids = header.get("sequence_ids") or list(range(len(header["lengths"])))
         advantages = header.get("advantages")
         texts = header.get("texts") or []
@@ -294,7 +301,7 @@ def group_record(parts: Sequence[tuple[dict[str, Any], Mapping[str, np.ndarray]]
         version=first.get("version"),
         lag=first.get("lag"),
         t=first["t"],
-        prompt_text=first.get("prompt_text", ""),
+        prompt_text=next((h["prompt_text"] for h, _ in parts if h.get("prompt_text")), ""),
         prompt_tokens=prompt,
         completions=completions,
         pieces=pieces,

@@ -18,6 +18,16 @@ KEEP_SEGMENTS = 4
 NAME = re.compile(r"^(?P<stem>.+)\.(?P<segment>\d{6})\.(?P<ext>[a-z]+)$")
 
 
+def read_after(path: Path, offset: int) -> bytes | None:
+    """What ``path`` holds past ``offset`` (None: the file is gone)."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(offset)
+            return handle.read()
+    except FileNotFoundError:
+        return None
+
+
 def segment_path(directory: Path, stem: str, segment: int, ext: str) -> Path:
     return directory / f"{stem}.{segment:06d}.{ext}"
 

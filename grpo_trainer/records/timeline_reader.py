@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from grpo_trainer.records.segments import list_segments, segment_path
+from grpo_trainer.records.segments import list_segments, read_after, segment_path
 from grpo_trainer.records.timeline import PHASES, TIMELINE_DIR
 
 PHASE_NAMES = tuple(PHASES)
@@ -86,11 +86,8 @@ class Timeline:
 
     def _new_lines(self, path: Path) -> list[bytes]:
         offset = self._offsets.get(path, 0)
-        try:
-            with path.open("rb") as handle:
-                handle.seek(offset)
-                data = handle.read()
-        except FileNotFoundError:
+        data = read_after(path, offset)
+        if data is None:
             return []
         self._offsets[path] = offset + len(data)
         *lines, self._partial[path] = (self._partial.get(path, b"") + data).split(b"\n")

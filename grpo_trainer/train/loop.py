@@ -212,7 +212,7 @@ class Trainer:
         try:
             while self.step < self.config.training_steps and not self.stop_requested:
                 wait_start = time.perf_counter()
-                with self._span("wait"):
+                with nullcontext() if self.recorder is None else self.recorder.waiting():
                     leased = self._next_batch()
                 if leased is None:
                     break

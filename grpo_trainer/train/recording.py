@@ -11,20 +11,32 @@ like ``metrics.jsonl``); each rank of a multi-GPU trainer writes its own files.
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor
+from transformers import PreTrainedTokenizerBase
 
 from grpo_trainer.records.process import Decode, ProcessRecords
 from grpo_trainer.records.rollout_writer import run_directory, writer_stem
 from grpo_trainer.records.rollouts import GroupParts
-from grpo_trainer.train.data import IGNORE, Group, StepBatch, group_advantages
+from grpo_trainer.train.data import Group, StepBatch, group_advantages
+
+
+def fast_decode(tokenizer: PreTrainedTokenizerBase) -> Decode:
+    """Token ids to text through the tokenizers library directly when the tokenizer is a
+    fast one (transformers' ``decode`` checks every id in Python first: most of the
+    recording's cost), else through ``decode``."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return lambda ids: tokenizer.decode(ids)
+    return lambda ids: backend.decode(ids, skip_special_tokens=False)
 
 
 class StepRecorder(ProcessRecords):
@@ -42,8 +54,10 @@ class StepRecorder(ProcessRecords):
         session: int = 0,
         **settings: Any,
     ) -> None:
-        """``settings``: :class:`ProcessRecords`' (``max_mb``, ``every``, ``on_error``)."""
-        super().__init__(run_dir, stem, decode, **settings)
+        """``settings``: :class:`ProcessRecords`' (``max_mb``, ``every``, ``on_error``).
+        The writer works while the trainer waits for a batch (:meth:`waiting`)."""
+        self.idle = threading.Event()
+        super().__init__(run_dir, stem, decode, idle=self.idle, **settings)
         self.rank = rank
         self.session = session
         self._captured: list[tuple[Tensor, Tensor | None, Tensor]] | None = None
@@ -82,6 +96,16 @@ class StepRecorder(ProcessRecords):
     def span(self, phase: str) -> AbstractContextManager[None]:
         """Time a phase of the current step (``grpo_trainer.records.timeline.PHASES``)."""
         return self.timeline.span(phase)
+
+    @contextmanager
+    def waiting(self) -> Iterator[None]:
+        """The wait for the next batch: its span, and the writer's time to work."""
+        self.idle.set()
+        try:
+            with self.timeline.span("wait"):
+                yield
+        finally:
+            self.idle.clear()
 
     def begin_step(self, step: int) -> None:
         """Step ``step`` (1-based) starts training: capture its tensors if it is sampled."""
@@ -123,60 +147,64 @@ class StepRecorder(ProcessRecords):
         captured: list[tuple[Tensor | None, ...]],
         t: float,
     ) -> Iterator[GroupParts]:
-        """One :class:`GroupParts` per group this rank trained sequences of."""
-        rows = [
-            tuple(None if tensor is None else tensor[b].numpy() for tensor in micro)
-            for micro in captured
-            for b in range(micro[0].shape[0])  # type: ignore[union-attr]
-        ]
+        """One :class:`GroupParts` per group this rank trained sequences of, cut from the
+        micro-batches' padded tensors (a group's rows are consecutive) with a few array
+        operations per group."""
+        table = _StepArrays(batch, captured)
         starts = np.cumsum([0, *(len(g.tokens) for g in groups)])
-        mine: dict[int, list[tuple[int, tuple[np.ndarray | None, ...]]]] = {}
-        for k, values in enumerate(rows):
-            index = batch.first_row + k
-            group = int(np.searchsorted(starts, index, side="right")) - 1
-            mine.setdefault(group, []).append((index - int(starts[group]), values))
-        for index, sequences in mine.items():
-            yield self._parts(step, index, groups[index], sequences, lag_base, t)
+        first, rows = batch.first_row, len(table.tokens)
+        begin = int(np.searchsorted(starts, first, side="right")) - 1
+        spans = []
+        for index in range(begin, len(groups)):
+            a, b = max(int(starts[index]), first) - first, min(int(starts[index + 1]) - first, rows)
+            if a >= b:
+                break
+            spans.append((index, a, b))
+        completions = [
+            table.tokens[r, table.start[r] : table.length[r]].tolist() for r in range(rows)
+        ]
+        texts = [self.decode(ids) for ids in completions]
+        for index, a, b in spans:
+            group = groups[index]
+            seq0 = a + first - int(starts[index])
+            prompt = table.tokens[a, : table.start[a]].tolist() if seq0 == 0 else []
+            yield self._parts(
+                step, index, group, table, a, b, seq0, texts[a:b], prompt, lag_base, t
+            )
 
     def _parts(
         self,
         step: int,
         index: int,
         group: Group,
-        sequences: list[tuple[int, tuple[np.ndarray | None, ...]]],
+        table: _StepArrays,
+        a: int,
+        b: int,
+        seq0: int,
+        texts: list[str],
+        prompt: list[int],
         lag_base: int,
         t: float,
     ) -> GroupParts:
-        advantages = group_advantages(group)
-        arrays: dict[str, list[np.ndarray]] = {}
-        lengths, texts, scores, seq_advantages = [], [], [], []
-        for seq, (logp, entropy, ratio) in sequences:
-            tokens = np.asarray(group.tokens[seq], np.int32)
-            trained = np.array([False] + [m != IGNORE for m in group.masks[seq][1:]])
-            values = {
-                "tokens": tokens,
-                "trained": trained,
-                "inference_logprobs": _masked(group.inference_logprobs[seq], trained),  # type: ignore[index]
-                "trainer_logprobs": _shifted(logp, trained),
-                "ratio": _shifted(ratio, trained),
-            }
-            if entropy is not None:
-                values["entropy"] = _shifted(entropy, trained)
-            for name, array in values.items():
-                arrays.setdefault(name, []).append(array)
-            start = int(np.argmax(trained)) if trained.any() else len(tokens)
-            lengths.append(len(tokens))
-            texts.append(self.decode(tokens[start:].tolist()))
-            scores.append(group.scores[seq])
-            if group.advantages is not None:
-                per_token = np.asarray(group.advantages[seq], float)[trained]
-                seq_advantages.append(float(per_token.mean()) if len(per_token) else 0.0)
-            else:
-                seq_advantages.append(advantages[seq])
-        first = np.asarray(group.tokens[0])
-        first_trained = np.array([False] + [m != IGNORE for m in group.masks[0][1:]])
-        prompt = first[: int(np.argmax(first_trained))] if first_trained.any() else first
-        flat = {name: np.concatenate(parts) for name, parts in arrays.items()}
+        keep = table.present[a:b]
+        flat = {name: array[a:b][keep] for name, array in table.arrays.items()}
+        sequence_ids = list(range(seq0, seq0 + b - a))
+        if group.advantages is not None:
+            advantages = [
+                float(
+                    np.mean(
+                        np.asarray(group.advantages[i])[1:][
+                            table.trained[a + k, 1 : table.length[a + k]]
+                        ]
+                    )
+                )
+                if table.trained[a + k].any()
+                else 0.0
+                for k, i in enumerate(sequence_ids)
+            ]
+        else:
+            per_group = group_advantages(group)
+            advantages = [per_group[i] for i in sequence_ids]
         version = group.policy_version
         return GroupParts(
             kind="trained",
@@ -187,30 +215,56 @@ class StepRecorder(ProcessRecords):
             version=version,
             lag=None if version is None else lag_base - version,
             t=t,
-            scores=scores,
+            scores=[group.scores[i] for i in sequence_ids],
             group_scores=list(group.scores),
-            advantages=seq_advantages,
-            lengths=lengths,
+            advantages=advantages,
+            lengths=table.length[a:b].tolist(),
             arrays=flat,
-            prompt_text=self.decode(prompt.tolist()),
+            prompt_text=self.decode(prompt) if prompt else "",
             texts=texts,
             pieces=self.pieces_of(flat["tokens"]),
             rank=self.rank,
             session=self.session,
-            sequence_ids=[seq for seq, _ in sequences],
+            sequence_ids=sequence_ids,
         )
 
 
-def _masked(values: list[float], trained: np.ndarray) -> np.ndarray:
-    array = np.asarray(values, np.float32)
-    return np.where(trained, array, np.float32(math.nan))
+class _StepArrays:
+    """This rank's rows of the step, padded to one width: token ids, which positions exist
+    and which are trained, and per position the inference logprob and the captured
+    trainer logprob, entropy and ratio (moved from label positions, ``t`` predicts
+    ``t + 1``, to the token they score; NaN where not trained)."""
 
+    def __init__(self, batch: StepBatch, captured: list[tuple[Tensor | None, ...]]) -> None:
+        width = max(m.input_ids.shape[1] for m in batch.micro_batches)
 
-def _shifted(values: np.ndarray | None, trained: np.ndarray) -> np.ndarray:
-    """A ``[L-1]`` label-aligned row (position t predicts token t + 1) as ``[L]`` per token
-    of the sequence, NaN where not trained."""
-    out = np.full(len(trained), np.nan, np.float32)
-    if values is not None:
-        out[1:] = values[: len(trained) - 1]
-    out[~trained] = np.nan
-    return out
+        def stacked(tensors: list[Tensor], fill: float, shift: int) -> np.ndarray:
+            out = np.full((sum(t.shape[0] for t in tensors), width), fill, np.float32)
+            row = 0
+            for tensor in tensors:
+                values = tensor.numpy()
+                out[row : row + len(values), shift : shift + values.shape[1]] = values
+                row += len(values)
+            return out
+
+        micro = batch.micro_batches
+        self.tokens = stacked([m.input_ids for m in micro], 0, 0).astype(np.int32)
+        self.present = stacked([m.attention_mask for m in micro], 0, 0) > 0
+        self.trained = stacked([m.loss_mask for m in micro], 0, 1) > 0
+        self.length = self.present.sum(axis=1)
+        trained_any = self.trained.any(axis=1)
+        self.start = np.where(trained_any, self.trained.argmax(axis=1), self.length)
+        nan = np.float32(math.nan)
+        self.arrays = {
+            "tokens": self.tokens,
+            "trained": self.trained,
+            "inference_logprobs": np.where(
+                self.trained, stacked([m.inference_logprobs for m in micro], 0, 1), nan
+            ),
+        }
+        names = ("trainer_logprobs", "entropy", "ratio")
+        for position, name in enumerate(names):
+            tensors = [c[position] for c in captured]
+            if all(t is not None for t in tensors):
+                values = stacked(tensors, 0, 1)  # type: ignore[arg-type]
+                self.arrays[name] = np.where(self.trained, values, nan)

@@ -19,7 +19,7 @@ from grpo_trainer.train.distributed import Dist, init_distributed, shutdown_dist
 from grpo_trainer.train.loop import SyncLagExceeded, Trainer, install_signal_handlers
 from grpo_trainer.train.memory_fit import GpuDoesNotFit, footprint, startup_problem
 from grpo_trainer.train.policy import build_policy, reference_model
-from grpo_trainer.train.recording import StepRecorder
+from grpo_trainer.train.recording import StepRecorder, fast_decode
 from grpo_trainer.train.reporter import Reporter
 from grpo_trainer.train.resume import ResumePoint, resolve_resume, resume_from_path
 from grpo_trainer.train.sources import ApiSource, BatchSource, FileSource
@@ -119,7 +119,7 @@ def make_recorder(
     calls it (the ranks agree on a random id for this trainer process)."""
     return StepRecorder.for_trainer(
         config.save_path,
-        lambda ids: tokenizer.decode(ids),
+        fast_decode(tokenizer),
         max_mb=config.record_rollouts_mb,
         every=config.record_rollouts_every,
         rank=world.rank,

@@ -1,9 +1,9 @@
 """The dashboard: header, process and GPU tables, chart grid and the supervisor's event tail.
 
 Everything here is drawn from the app's :class:`RunState` on timers, never per event: the
-event tail at ~12 Hz, and every 1/6 s a row of charts in turn (the first row with the
+event tail at ~12 Hz, and every 1/8 s three charts in turn (the first three with the
 header and table), so everything is redrawn twice a second but no single frame redraws
-all nine charts (a frame that does blocks the keys pressed meanwhile). Nothing is drawn
+all twelve charts (a frame that does blocks the keys pressed meanwhile). Nothing is drawn
 while another screen is on top: Textual keeps the screen under a pushed one "current",
 and drawing there would only leave charts to re-render on the key press that comes back.
 """
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 REDRAW_PERIOD = 0.5
 CHARTS_PER_TICK = 3
 """Charts redrawn together: a row of the grid per frame (one per frame costs ~4 % more CPU in
-per-frame overhead, all nine in one frame block keys for ~25-50 ms)."""
+per-frame overhead, all of them in one frame block keys for ~25-50 ms)."""
 LOG_FLUSH_PERIOD = 0.08
 
 

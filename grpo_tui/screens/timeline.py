@@ -51,6 +51,8 @@ class TimelineScreen(Screen[None]):
         """The step whose breakdown is shown (None: follow the newest)."""
         self.zoom = DEFAULT_ZOOM
         self.all_steps = False
+        self._drawn: tuple[object, ...] | None = None
+        """What the last redraw showed: a redraw that would show the same is skipped."""
 
     def compose(self) -> ComposeResult:
         yield Static(id="timeline-summary")
@@ -63,7 +65,7 @@ class TimelineScreen(Screen[None]):
     def on_mount(self) -> None:
         run_dir = self.app.state.run_dir
         self.timeline = Timeline(run_dir) if run_dir is not None else None
-        self.redraw()
+        self.call_after_refresh(self.redraw, force=True)  # once laid out: the chart's width
         self.set_interval(REDRAW_PERIOD, self.redraw)
 
     def shown_steps(self) -> list[int]:
@@ -90,13 +92,19 @@ class TimelineScreen(Screen[None]):
         if self.timeline is None:
             summary.update("no run directory: nothing recorded to show")
             return
-        self.timeline.poll()
+        new = self.timeline.poll()
         steps = self.shown_steps()
         if not steps:
             summary.update("timeline: no step recorded yet (the trainer writes a line per step)")
             return
         current = self.current_step
         assert current is not None
+        width = self.query_one("#timeline-chart", Static).size.width or self.size.width
+        drawn = (steps[0], steps[-1], current, width, len(self.timeline.lanes))
+        if not new and not force and drawn == self._drawn:
+            return
+        relayout = self._drawn is None or drawn[-1] != self._drawn[-1]  # lanes came
+        self._drawn = drawn
         all_steps = self.timeline.steps()
         follow = "following the newest" if self.selected is None else "end: follow the newest"
         summary.update(
@@ -104,12 +112,11 @@ class TimelineScreen(Screen[None]):
             f"{steps[0]}-{steps[-1]} · step [b]{current}[/b] · {follow} · "
             f"←/→ step, +/- zoom, a all"
         )
-        width = self.query_one("#timeline-chart", Static).size.width or self.size.width
         self.query_one("#timeline-chart", Static).update(
-            chart(self.timeline, steps, width, current)
+            chart(self.timeline, steps, width, current), layout=relayout
         )
         self.query_one("#timeline-breakdown", Static).update(
-            breakdown_table(self.timeline, current)
+            breakdown_table(self.timeline, current), layout=relayout
         )
 
     def action_step(self, by: int) -> None:

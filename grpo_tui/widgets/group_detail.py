@@ -35,6 +35,10 @@ class GroupDetail(VerticalScroll):
 
     def show(self, record: GroupRecord | None, selected: int, measure: str, note: str = "") -> None:
         """Draw ``record`` with completion ``selected`` open (``note`` when there is none)."""
+        with self.app.batch_update():
+            self._show(record, selected, measure, note)
+
+    def _show(self, record: GroupRecord | None, selected: int, measure: str, note: str) -> None:
         parts = ("title", "prompt", "completions", "tokens-title", "tokens", "legend")
         statics = {name: self.query_one(f"#group-{name}", Static) for name in parts}
         if record is None:

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from recorded_rollouts import STEPS, write_recorded_rollouts
+from recorded_rollouts import STEPS
 from typer.testing import CliRunner
 
 from grpo_tui.cli import app
@@ -14,11 +14,9 @@ from grpo_tui.cli import app
 runner = CliRunner()
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("run")
-    write_recorded_rollouts(path)
-    return path
+@pytest.fixture
+def run_dir(recorded_rollouts_dir: Path) -> Path:
+    return recorded_rollouts_dir
 
 
 def test_samples_prints_the_last_steps_groups_newest_first(run_dir: Path) -> None:

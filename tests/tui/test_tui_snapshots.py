@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-from recorded_rollouts import write_recorded_rollouts
 from textual.pilot import Pilot
 from tui_recorded_run import NOW, recorded_state
 
@@ -65,11 +64,9 @@ def test_help_snapshot(snap_compare) -> None:
 SMALL, LARGE = (100, 30), (200, 50)
 
 
-@pytest.fixture(scope="module")
-def rollouts_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    path = tmp_path_factory.mktemp("rollouts")
-    write_recorded_rollouts(path)
-    return path
+@pytest.fixture
+def rollouts_dir(recorded_rollouts_dir: Path) -> Path:
+    return recorded_rollouts_dir
 
 
 def recorded_app_with_records(run_dir: Path) -> GrpoTuiApp:
