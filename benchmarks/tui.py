@@ -12,7 +12,12 @@ writes the dashboard's capture-pane text to ``--capture`` (default: the benchmar
 temporary directory). The app runs with this process's ``PYTHONPATH``, so a checkout of
 another commit can be measured with the same script.
 
-    python benchmarks/tui.py [--seconds 30] [--lines-per-s 20000] [--repeats 20]
+Then the views at scale (``tui_views.py``, headless, 200x50): the rollout inspector over a
+100,000-group record (first open; each group opened by a key press, target < 200 ms) and
+the step timeline of 8 processes x 1,000 steps redrawn as its 2 Hz timer does (target
+< 30 ms of CPU a redraw). ``--views-only`` runs only these (no tmux needed).
+
+    python benchmarks/tui.py [--seconds 30] [--lines-per-s 20000] [--repeats 20] [--views-only]
 """
 
 from __future__ import annotations
@@ -29,9 +34,10 @@ import time
 from pathlib import Path
 
 import psutil
+import tui_views
 
 SESSION = "grpo-tui-bench"
-DASHBOARD_MARK = "GPU GB / RSS MB"
+DASHBOARD_MARK = "off-policy lag"
 LOGS_MARK = "trainer  supervisor"
 PRINTER = """
 import sys, time
@@ -218,7 +224,11 @@ def main() -> int:
     parser.add_argument("--lines-per-s", type=int, default=20_000)
     parser.add_argument("--repeats", type=int, default=20, help="round trips per key")
     parser.add_argument("--capture", type=Path, help="where to write the dashboard capture")
+    parser.add_argument("--views-only", action="store_true", help="only the inspector/timeline")
     args = parser.parse_args()
+    if args.views_only:
+        print_rows(tui_views.measure(presses=args.repeats))
+        return 0
     if shutil.which("tmux") is None:
         print("tmux is needed", file=sys.stderr)
         return 2
@@ -277,11 +287,15 @@ def main() -> int:
         f"{args.seconds:.0f} s, {args.repeats} round trips per key, cores: {psutil.cpu_count()}, "
         f"load avg {os.getloadavg()[0]:.1f}"
     )
-    print(f"{'measure':<52} {'value':>11}  target")
-    for name, value, target in rows:
-        print(f"{name:<52} {value:>11}  {target}")
+    print_rows(rows + tui_views.measure(presses=args.repeats))
     print(f"dashboard capture: {capture_path}")
     return 0
+
+
+def print_rows(rows: list[tuple[str, str, str]]) -> None:
+    print(f"{'measure':<72} {'value':>13}  target")
+    for name, value, target in rows:
+        print(f"{name:<72} {value:>13}  {target}")
 
 
 if __name__ == "__main__":

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 from e2e_stack import HeadlessCli, mean, quickstart_run_to_end, trainer_steps
 
+from grpo_trainer.records.rollout_reader import RolloutIndex
+from grpo_trainer.records.rollouts import KINDS
+from grpo_trainer.records.timeline_reader import Timeline
 from grpo_tui.plan.roles import RESTART_SYNC_EVERY
 
 STEPS = {"shared_vllm": 30, "lora_only": 30, "none": 30, "lora_restart": 30, "colocate": 30}
@@ -32,6 +36,8 @@ MARGIN = 0.03
 (+0.095, lora_restart) is three times this margin."""
 
 PROCESSES = ("model", "api", "inference", "trainer", "env")
+GROUPS_PER_STEP = 16
+"""The quickstart's 128 sequences a step in groups of 8."""
 
 
 def overrides(mode: str) -> dict[str, dict[str, object]]:
@@ -71,3 +77,33 @@ def test_quickstart_mode_learns_and_leaves_nothing(
         assert f"adapter_step_{STEPS[mode]}" in saved
 
     assert last > first + MARGIN, f"no clear rise in {mode}: {first:.3f} -> {last:.3f}"
+    check_records(run_dir, mode, steps)
+
+
+def check_records(run_dir: Path, mode: str, steps: list[tuple[int, dict[str, float]]]) -> None:
+    """The rollout inspector's and the timeline's records filled in: every trained group of
+    every step with the trainer's numbers, the groups the environment dropped, a timeline
+    line per step on the trainer's lane, and the mismatch and staleness metrics."""
+    index = RolloutIndex(run_dir)
+    index.poll()
+    trained = index.rows[index.rows["kind"] == KINDS.index("trained")]
+    per_step = {int(s): int((trained["step"] == s).sum()) for s in set(trained["step"])}
+    assert per_step == {step: GROUPS_PER_STEP for step in range(1, STEPS[mode] + 1)}
+    assert (trained["lag"] >= 0).all() and set(index.envs) == {"toy"}
+    newest = index.open(int(np.argmax(index.rows["t"] * (index.rows["kind"] == 0))))
+    for completion in newest.completions:
+        assert {"trainer_logprobs", "entropy", "ratio"} <= set(completion.values)
+        assert completion.text and all(int(t) in newest.pieces for t in completion.tokens)
+    dropped = np.flatnonzero(index.rows["kind"] == KINDS.index("dropped"))
+    assert len(dropped), "the environment records the all-equal groups it drops"
+    assert len(set(index.open(int(dropped[-1])).scores)) == 1
+    timeline = Timeline(run_dir)
+    timeline.poll()
+    assert {lane.role for lane in timeline.lanes.values()} == {"trainer", "env"}
+    assert timeline.steps() == list(range(1, STEPS[mode] + 1))
+    phases = timeline.breakdown(*timeline.span_of(1, STEPS[mode]))["trainer"]
+    assert {"wait", "forward_backward", "optimizer"} <= set(phases)
+    if mode == "colocate":
+        assert {"sleep", "wake"} <= set(phases)
+    for _, data in steps:
+        assert data["mismatch_kl"] >= 0 and "staleness/lag0" in data
