@@ -37,6 +37,9 @@ GATE_ENV = "GRPO_START_GATE"
 """Set to ``stdin`` for a ``prestart`` child (read by ``grpo_trainer.start_gate``)."""
 READ_CHUNK = 256 * 1024
 KILL_WAIT = 5.0
+LEFTOVER_GRACE = 0.5
+"""Seconds what a leader left behind gets between the shutdown signal and SIGKILL: with the
+leader gone nothing coordinates its shutdown, and the restart waits for it."""
 POLL = 0.02
 
 
@@ -152,13 +155,44 @@ class ChildProcess:
         self.sink.end_of_stream()
 
     async def wait(self) -> int:
-        """Exit code of the leader, once everything it left behind is stopped too."""
-        code = await self.proc.wait()
+        """Exit code of the leader, once everything it left behind is stopped too.
+
+        The leader's exit is watched on its pid (a pidfd), not on its output: asyncio's
+        ``Process.wait`` returns only once the output pipe closes too, and a descendant
+        that inherited it (vLLM's engine core) keeps it open after the leader died. What
+        is left is ended at once (``LEFTOVER_GRACE``), which closes the pipe.
+        """
+        exited = asyncio.ensure_future(self.proc.wait())
+        leader = asyncio.ensure_future(self._leader_gone())
+        try:
+            await asyncio.wait({exited, leader}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            leader.cancel()
         if await self._scan():
-            await self.stop(self.spec.shutdown.signum, self.spec.shutdown.timeout)
+            await self.stop(self.spec.shutdown.signum, LEFTOVER_GRACE)
         else:
             await self._clear_leftovers()
-        return code
+        return await exited
+
+    async def _leader_gone(self) -> None:
+        """Return once the leader process has exited (its pidfd turns readable)."""
+        try:
+            pidfd = os.pidfd_open(self.pid)
+        except ProcessLookupError:
+            return  # exited and already reaped
+        loop = asyncio.get_running_loop()
+        gone = loop.create_future()
+
+        def readable() -> None:
+            if not gone.done():
+                gone.set_result(None)
+
+        loop.add_reader(pidfd, readable)
+        try:
+            await gone
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
 
     async def send_signal(self, sig: int) -> bool:
         """``sig`` to the process: a Slurm step's tasks get it from Slurm on every node
