@@ -279,7 +279,7 @@ class ProcessLife:
         """One incarnation: preflight, spawn, probe, wait. (exit code, reason, seconds run)."""
         spec = self.spec
         if spec.port is not None and (holder := find_port_holder(spec.port)) is not None:
-            self.set_state(State.FAILED, reason=holder.describe())
+            self._give_up(f"{holder.describe()}: not retried", None)  # it will not leave
             return None, holder.describe(), 0.0
         matcher = None
         if spec.readiness is not None and spec.readiness.kind == "log_line":
@@ -293,7 +293,10 @@ class ProcessLife:
             try:
                 child = await self.hooks.spawn(spec, self.sink, None)
             except SpawnError as exc:
-                self.set_state(State.FAILED, reason=exc.reason)
+                if exc.permanent:
+                    self._give_up(f"{exc.reason}: not retried", None)
+                else:
+                    self.set_state(State.FAILED, reason=exc.reason)
                 return None, exc.reason, 0.0
             exited, command = asyncio.create_task(child.wait()), None
         self.child = child

@@ -44,11 +44,14 @@ POLL = 0.02
 
 
 class SpawnError(Exception):
-    """The child could not be started at all; ``reason`` is short and human."""
+    """The child could not be started at all; ``reason`` is short and human. ``permanent``:
+    starting it again cannot help (no such command or directory, no permission), so it is
+    not retried; other OS errors (out of memory or processes) may pass."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, permanent: bool = True) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.permanent = permanent
 
 
 def describe_exit(code: int) -> str:
@@ -123,7 +126,8 @@ class ChildProcess:
         except PermissionError:
             raise SpawnError(f"permission denied: {spec.command[0]}") from None
         except OSError as exc:
-            raise SpawnError(f"cannot start {spec.command[0]}: {exc.strerror or exc}") from None
+            reason = f"cannot start {spec.command[0]}: {exc.strerror or exc}"
+            raise SpawnError(reason, permanent=False) from None
         announce(f"pgid {proc.pid}")
         child = cls(
             spec=spec,

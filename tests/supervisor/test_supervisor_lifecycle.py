@@ -118,16 +118,19 @@ async def test_stop_leaves_no_descendant_even_a_setsid_one(supervise, tmp_path) 
     assert alive(pids) == []
 
 
-async def test_command_not_found_fails_cleanly_then_follows_policy(supervise) -> None:
-    policy = RestartPolicy(policy="on_failure", backoff_base=0.05, max_restarts=1)
+async def test_command_not_found_fails_cleanly_and_is_not_retried(supervise) -> None:
+    """Starting it again cannot help: FAILED at once, whatever the restart policy says."""
+    policy = RestartPolicy(policy="on_failure", backoff_base=0.05, max_restarts=5)
     h = supervise(
         [spec("ghost", ["grpo-tui-no-such-command-xyz"], restart=policy)], exit_with="ghost"
     )
     outcome = await h.run_task
     changes = h.changes("ghost")
-    first_fail = next(e for e in changes if e.new == State.FAILED)
-    assert first_fail.reason == "command not found: grpo-tui-no-such-command-xyz"
-    assert State.BACKOFF in [e.new for e in changes]
+    (failed,) = [e for e in changes if e.new == State.FAILED]
+    assert failed.reason == "command not found: grpo-tui-no-such-command-xyz: not retried"
+    assert failed.t - changes[0].t < 1.0
+    assert State.BACKOFF not in [e.new for e in changes]
+    assert not any(isinstance(e, Restarting) for e in h.events)
     assert outcome.exit_code == 1 and "command not found" in outcome.reason
     assert "Traceback" not in "".join(e.reason for e in changes)
 
@@ -147,12 +150,15 @@ async def test_port_in_use_is_refused_naming_the_holder(supervise) -> None:
         ):
             assert time.monotonic() < deadline, "holder never listened"
             time.sleep(0.05)
-        h = supervise(
-            [spec("api", child("listener.py", "--port", port), port=port)], exit_with="api"
-        )
+        policy = RestartPolicy(policy="always", backoff_base=0.05, max_restarts=5)
+        api = spec("api", child("listener.py", "--port", port), port=port, restart=policy)
+        h = supervise([api], exit_with="api")
         outcome = await h.run_task
-        failed = next(e for e in h.changes("api") if e.new == State.FAILED)
+        (failed,) = [e for e in h.changes("api") if e.new == State.FAILED]
         assert f"pid {holder.pid}" in failed.reason and "http.server" in failed.reason
+        assert failed.reason.endswith("not retried")
+        assert failed.t - h.changes("api")[0].t < 1.0
+        assert not any(isinstance(e, Restarting) for e in h.events)
         assert outcome.exit_code == 1
     finally:
         holder.kill()
