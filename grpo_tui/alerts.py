@@ -73,6 +73,25 @@ def evaluate(state: RunState, now: float) -> list[Alert]:
             )
     if any(now - t <= SYNC_FAILURE_WINDOW for t in state.sync_failures):
         alerts.append(Alert("sync", "weight sync is failing", chart="sync_time"))
+    for lost in state.needs_lost.values():
+        failed = ", ".join(lost.failed)
+        doing = "waiting on" if lost.action == "wait" else "stopping: lost"
+        alerts.append(
+            Alert(
+                f"need:{lost.process}",
+                f"{lost.process} cannot go on, {doing} {lost.need} ({failed} failed)",
+                process=next(iter(lost.failed), lost.process),
+            )
+        )
+    if state.stall is not None:
+        stall = state.stall
+        alerts.append(
+            Alert(
+                f"stall:{stall.process}:{stall.t}",
+                f"{stall.process} stalled {stall.seconds:.0f} s: {'; '.join(stall.causes)}",
+                process=stall.process,
+            )
+        )
     return alerts
 
 

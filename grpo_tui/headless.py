@@ -31,10 +31,13 @@ from grpo_tui.supervisor.events import (
     Event,
     LogBatch,
     MetricsRecord,
+    NeedLost,
+    NeedRegained,
     Notice,
     ProbeResult,
     RequestReceived,
     Restarting,
+    Stalled,
     State,
     StateChanged,
 )
@@ -146,6 +149,17 @@ class ConsoleReport:
             case Notice():
                 style = LEVEL_STYLES.get(event.level, "")
                 self._line(f"[{style}]{event.level}[/] {escape(event.message)}")
+            case NeedLost():
+                self._need_lost(event)
+            case NeedRegained():
+                self._line(f"[green]{event.process}[/] has {escape(event.need)} again: going on")
+            case Stalled():
+                step = f", last step {event.step}" if event.step is not None else ""
+                causes = "; ".join(event.causes)
+                self._line(
+                    f"[yellow]stalled[/] {event.process}: no progress for "
+                    f"{event.seconds:.0f} s{step}: {escape(causes)}"
+                )
             case MetricsRecord():
                 self.metrics.update(event.data)
                 shown = any(name in event.data for name, _, _ in METRICS_SHOWN)
@@ -171,6 +185,21 @@ class ConsoleReport:
             self._probe_failing = {
                 k: v for k, v in self._probe_failing.items() if k[0] != event.process
             }
+
+    def _need_lost(self, event: NeedLost) -> None:
+        what = "; ".join(f"{name} failed ({why})" for name, why in event.failed.items())
+        then = (
+            "stopping the run"
+            if event.action == "stop"
+            else f"waiting (on_needed_failure = wait): start {', '.join(event.failed)} again"
+        )
+        self._line(
+            f"[bold red]{event.process} cannot go on[/] without {escape(event.need)}: "
+            f"{escape(what)}; {then}"
+        )
+        for name, lines in event.last_lines.items():
+            for line in lines:
+                self.console.print(f"    [dim]{name} |[/] {escape(line)}", soft_wrap=True)
 
     def _probe(self, event: ProbeResult) -> None:
         key = (event.process, event.probe)

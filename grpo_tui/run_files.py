@@ -34,6 +34,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         ev.ResourceSample,
         ev.GpuSample,
         ev.Notice,
+        ev.NeedLost,
+        ev.NeedRegained,
+        ev.Stalled,
     )
 }
 TAIL_BYTES = 1 << 20
@@ -57,6 +60,8 @@ def event_from_json(record: dict[str, Any]) -> Event | None:
             kwargs["command"] = tuple(kwargs.get("command", ()))
         if cls is ev.GpuSample:
             kwargs["holders"] = tuple(kwargs.get("holders", ()))
+        if cls is ev.Stalled:
+            kwargs["causes"] = tuple(kwargs.get("causes", ()))
         return cls(**kwargs)
     except (KeyError, TypeError, ValueError):
         return None

@@ -21,11 +21,14 @@ from grpo_tui.supervisor.events import (
     GpuSample,
     LogBatch,
     MetricsRecord,
+    NeedLost,
+    NeedRegained,
     Notice,
     ProbeResult,
     RequestReceived,
     ResourceSample,
     Restarting,
+    Stalled,
     State,
     StateChanged,
 )
@@ -156,6 +159,10 @@ class RunState:
         self.logs: dict[str, LogBuffer] = {SUPERVISOR_LOG: LogBuffer(max_log_lines)}
         self.notices: deque[Notice] = deque(maxlen=200)
         self.sync_failures: deque[float] = deque(maxlen=32)
+        self.needs_lost: dict[str, NeedLost] = {}
+        """Processes that cannot go on, by name: what they lack (until regained)."""
+        self.stall: Stalled | None = None
+        """The stall reported last, until its process makes progress again."""
         self.dropped_lines = 0
         self._max_log_lines = max_log_lines
 
@@ -177,6 +184,28 @@ class RunState:
                 for name, value in event.data.items():
                     if _finite_number(value):
                         self.metrics.add(name, event.t, event.step, float(value))
+                if self._progressed(event):
+                    self.stall = None
+            case NeedLost():
+                self.needs_lost[event.process] = event
+                failed = "; ".join(f"{name}: {why}" for name, why in event.failed.items())
+                then = "stopping the run" if event.action == "stop" else "waiting"
+                self._event_line(
+                    event.t,
+                    f"[error] {event.process} cannot go on without {event.need} ({failed}); {then}",
+                )
+                for name, lines in event.last_lines.items():
+                    self.logs[SUPERVISOR_LOG].extend([f"    {name} | {line}" for line in lines])
+            case NeedRegained():
+                self.needs_lost.pop(event.process, None)
+                self._event_line(event.t, f"{event.process} has {event.need} again")
+            case Stalled():
+                self.stall = event
+                self._event_line(
+                    event.t,
+                    f"[warning] {event.process} stalled {event.seconds:.0f} s: "
+                    + "; ".join(event.causes),
+                )
             case StateChanged():
                 row = self.process(event.process)
                 row.state = event.new
@@ -232,6 +261,13 @@ class RunState:
                 if event.level in ("warning", "error") and "sync" in event.message.lower():
                     self.sync_failures.append(event.t)
                 self._event_line(event.t, f"[{event.level}] {event.message}")
+
+    def _progressed(self, record: MetricsRecord) -> bool:
+        """A step record of the stalled process, past the step the stall was reported at."""
+        stall = self.stall
+        if stall is None or record.process != stall.process or record.step is None:
+            return False
+        return stall.step is None or record.step > stall.step
 
     def sync_status(self, statuses: Mapping[str, Any]) -> None:
         """Copy the supervisor's ``status()`` snapshot (authoritative for the table)."""

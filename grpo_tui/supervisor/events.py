@@ -138,3 +138,36 @@ class Notice(Event):
 
     level: str  # "info" | "warning" | "error"
     message: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class NeedLost(Event):
+    """``process`` cannot go on: what it needs (``need``, e.g. ``at least 1 of feeder-0,
+    feeder-1``) has failed for good. ``failed``: each such process's reason; ``last_lines``:
+    the end of its output (where the real error usually is). ``action``: ``stop`` (the
+    run ends) or ``wait`` (it goes on; a person may start the failed process again)."""
+
+    process: str
+    need: str
+    action: str
+    failed: dict[str, str] = field(default_factory=dict)
+    last_lines: dict[str, list[str]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class NeedRegained(Event):
+    """``process`` has what it needs again (a failed process it needs was started again)."""
+
+    process: str
+    need: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Stalled(Event):
+    """``process`` made no progress for ``seconds`` (its last step: ``step``); ``causes``
+    are what its supervisor can see that explains it, most likely first."""
+
+    process: str
+    seconds: float
+    step: int | None
+    causes: tuple[str, ...]

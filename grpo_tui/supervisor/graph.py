@@ -23,6 +23,10 @@ def start_order(specs: Sequence[ProcessSpec]) -> list[str]:
         for dep in spec.depends_on:
             if dep not in known:
                 problems.append(f"{spec.name}.depends_on names no process: {dep!r}")
+        for need in spec.needs:
+            for name in need.any_of:
+                if name not in known:
+                    problems.append(f"{spec.name}.needs names no process: {name!r}")
     ports: dict[int, str] = {}
     for spec in specs:
         if spec.port is not None:

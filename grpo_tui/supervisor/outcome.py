@@ -1,9 +1,10 @@
 """Run-end accounting: when a supervised run ends, and with which exit code and reason.
 
 ``exit_with`` completing ends the run with 0, failing for good with 1; without it the run
-ends once every process has completed or failed for good; ``shutdown()`` (a stop someone
-asked for: the dashboard's quit, a control request) ends it with 0. The first of these
-decides the outcome; from then on the run is closing and nothing starts again. A run
+ends once every process has completed or failed for good; a process that cannot go on
+without one that failed for good ends it with 1 (``needs.py``); ``shutdown()`` (a stop
+someone asked for: the dashboard's quit, a control request) ends it with 0. The first of
+these decides the outcome; from then on the run is closing and nothing starts again. A run
 stopped by a signal ends with 128 + its number: the faces (headless) decide that.
 """
 
@@ -55,6 +56,11 @@ class RunEnd:
                 self._finish(RunOutcome(1, f"failed: {', '.join(failed)}"))
             else:
                 self._finish(RunOutcome(0, "all processes completed"))
+
+    def cannot_go_on(self, reason: str) -> None:
+        """A process the run needs failed for good: the run ends with 1, unless decided."""
+        if self.outcome is None:
+            self._finish(RunOutcome(1, reason))
 
     def shutdown(self, reason: str) -> None:
         """A shutdown was asked for: closing from now on; the outcome, unless already set."""

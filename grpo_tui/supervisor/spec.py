@@ -32,6 +32,25 @@ class Dependency(Strict):
     condition: Condition = Condition.HEALTHY
 
 
+class Need(Strict):
+    """What a process cannot make progress without: at least ``at_least`` of ``any_of``
+    still able to run (not failed for good)."""
+
+    any_of: list[str] = Field(min_length=1)
+    at_least: int = Field(1, ge=1)
+
+    @model_validator(mode="after")
+    def _satisfiable(self) -> Need:
+        if self.at_least > len(set(self.any_of)):
+            raise ValueError(f"at_least {self.at_least} is more than {sorted(set(self.any_of))}")
+        return self
+
+    def describe(self) -> str:
+        """``feeder-0`` alone, or ``at least 1 of feeder-0, feeder-1``."""
+        names = ", ".join(self.any_of)
+        return names if len(self.any_of) == 1 else f"at least {self.at_least} of {names}"
+
+
 class ProbeTiming(Strict):
     initial_delay: float = Field(0.0, ge=0)
     period: float = Field(1.0, gt=0)
@@ -120,7 +139,9 @@ class ProcessSpec(Strict):
     """One child process: how to start it, when it is ready, how to keep it and stop it.
 
     ``metrics_url`` names a Prometheus endpoint (vLLM's ``/metrics``) that the supervisor
-    scrapes for generated tokens/s (``<name>/tokens_per_s``). ``slurm_step`` is the
+    scrapes for generated tokens/s (``<name>/tokens_per_s``). ``needs`` names the
+    processes it cannot go on without once they fail for good (the run's
+    ``on_needed_failure`` says what then happens). ``slurm_step`` is the
     job-step name (``srun --job-name``) of a process that runs as a Slurm step: stopping
     it, and the watchdog after a supervisor's death, also ``scancel`` the steps of that
     name by id. ``prestart``: spawned before its dependencies are met, it waits at its
@@ -138,6 +159,7 @@ class ProcessSpec(Strict):
     metrics_url: str | None = None
     slurm_step: str | None = None
     depends_on: dict[str, Dependency] = Field(default_factory=dict)
+    needs: list[Need] = Field(default_factory=list)
     readiness: Probe | None = None
     liveness: Probe | None = None
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
@@ -149,6 +171,8 @@ class ProcessSpec(Strict):
     def _not_self_dependent(self) -> ProcessSpec:
         if self.name in self.depends_on:
             raise ValueError(f"process {self.name!r} depends on itself")
+        if any(self.name in need.any_of for need in self.needs):
+            raise ValueError(f"process {self.name!r} needs itself")
         if self.prestart and self.slurm_step is not None:
             raise ValueError(f"process {self.name!r}: prestart needs a local process (stdin)")
         if self.standby and not self.prestart:

@@ -25,6 +25,7 @@ from grpo_tui.supervisor.events import State
 from grpo_tui.supervisor.journal import Journal
 from grpo_tui.supervisor.lifecycle import Hooks, ProcessLife, ProcessStatus, planned
 from grpo_tui.supervisor.logs import OutputSink
+from grpo_tui.supervisor.needs import NeedWatch, OnNeededFailure
 from grpo_tui.supervisor.outcome import RunEnd, RunOutcome
 from grpo_tui.supervisor.requests import RequestHandler, RequestHandlers, process_operations
 from grpo_tui.supervisor.resources import RunResources
@@ -82,6 +83,7 @@ class Supervisor:
         exit_with: str | None = None,
         respec: Respec | None = None,
         control: ControlEndpoint | None = None,
+        on_needed_failure: OnNeededFailure = "stop",
     ) -> None:
         self._order = graph.start_order(specs)
         if exit_with is not None and exit_with not in self._order:
@@ -103,11 +105,14 @@ class Supervisor:
             spawn=self._resources.spawn,
             client=self._resources.client,
             flush_logs=self._journal.flush_logs,
-            changed=lambda life: self._end.changed(life, self._lives.values()),
+            changed=self._changed,
             peer=self._life,
             refresh=(lambda name: self.rebuilt_spec(name, {})) if respec is not None else None,
         )
         self._lives = {n: ProcessLife(by_name[n], sinks[n], hooks) for n in self._order}
+        self._needs = NeedWatch(
+            self._lives, on_needed_failure, self._journal.publish, self._end.cannot_go_on
+        )
         self._requests = RequestHandlers()
         for action, handler in process_operations(self).items():
             self._requests.add(action, handler)
@@ -339,6 +344,12 @@ class Supervisor:
         if name not in self._lives:
             raise KeyError(f"no process named {name!r}")
         return self._lives[name]
+
+    def _changed(self, life: ProcessLife) -> None:
+        """After every state change: run-end accounting, then what the others need."""
+        self._end.changed(life, self._lives.values())
+        if not self._end.closing:
+            self._needs.changed()
 
     def _specs(self) -> list[ProcessSpec]:
         """The current specs, in the order they were given."""

@@ -3,16 +3,18 @@ descendants hold its output, a command that cannot start, a needed process faili
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
+import sys
 import time
 
 import psutil
 import pytest
 from conftest import child, spec
 
-from grpo_tui.supervisor.events import Restarting, State, StateChanged
-from grpo_tui.supervisor.spec import RestartPolicy
+from grpo_tui.supervisor.events import NeedLost, NeedRegained, Restarting, State, StateChanged
+from grpo_tui.supervisor.spec import Need, ProcessSpec, RestartPolicy
 
 
 def alive(pids: list[int]) -> list[int]:
@@ -56,3 +58,73 @@ async def test_a_leader_killed_while_descendants_hold_its_output_restarts_at_onc
     assert restarting.reason == "killed by SIGKILL"
     assert respawned.t - killed < 1.0, f"restarted {respawned.t - killed:.2f} s after the kill"
     assert alive(family) == [], "the grandchildren holding the output outlived their leader"
+
+
+WORKER = [
+    sys.executable,
+    "-c",
+    "import signal, sys, time\n"
+    "def stop(*_):\n"
+    "    print('checkpoint written', flush=True)\n"
+    "    sys.exit(0)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "print('working', flush=True)\n"
+    "while True: time.sleep(0.05)\n",
+]
+BROKEN = [sys.executable, "-c", "import no_such_mod"]
+QUICK_GIVE_UP = RestartPolicy(policy="on_failure", backoff_base=0.05, max_restarts=1)
+
+
+def needy(**fields: object) -> list[ProcessSpec]:
+    """A worker that needs at least one of two feeders; both fail for good."""
+    feeders = [spec(f"feeder-{i}", BROKEN, restart=QUICK_GIVE_UP) for i in range(2)]
+    need = Need(any_of=["feeder-0", "feeder-1"])
+    return [*feeders, spec("worker", WORKER, needs=[need], **fields)]
+
+
+async def test_a_needed_process_failing_for_good_ends_the_run_naming_its_error(
+    supervise,
+) -> None:
+    """Issue 27 case 1: without its feeders the worker cannot go on. Once the last of them
+    fails for good (not when the first does), the run ends in order (the worker stops
+    cleanly: its checkpoint) with exit 1 within 5 s, and the reason and the event carry
+    the feeder's real error, not only "exited with code 1"."""
+    h = supervise(needy(), exit_with="worker")
+    outcome = await asyncio.wait_for(h.run_task, 30)
+    ended = time.time()
+
+    failed = [e for e in h.events if isinstance(e, StateChanged) and e.new == State.FAILED]
+    assert sorted(e.process for e in failed) == ["feeder-0", "feeder-1"]
+    (lost,) = [e for e in h.events if isinstance(e, NeedLost)]
+    assert lost.t >= max(e.t for e in failed)
+    assert lost.process == "worker" and lost.action == "stop"
+    assert lost.need == "at least 1 of feeder-0, feeder-1"
+    assert "gave up after 1 restarts" in lost.failed["feeder-0"]
+    error = "ModuleNotFoundError: No module named 'no_such_mod'"
+    assert lost.last_lines["feeder-1"][-1] == error
+    assert outcome.exit_code == 1
+    assert outcome.reason.startswith("worker cannot go on without at least 1 of feeder-0")
+    assert error in outcome.reason
+    assert ended - max(e.t for e in failed) < 5.0
+    assert h.changes("worker")[-1].new == State.STOPPED
+    assert "checkpoint written" in h.sup.recent_lines("worker")
+    on_disk = (h.sup.run_dir / "events.jsonl").read_text()
+    assert '"type": "NeedLost"' in on_disk and "No module named" in on_disk
+
+
+async def test_a_run_told_to_wait_says_on_what_and_goes_on_when_the_need_is_back(
+    supervise,
+) -> None:
+    """``on_needed_failure = "wait"``: the run goes on, a NeedLost says what the worker
+    waits on; a feeder started again (here with a command that works) gives it back."""
+    h = supervise(needy(), exit_with="worker", on_needed_failure="wait")
+    lost = await h.until(lambda e: isinstance(e, NeedLost), timeout=20)
+    assert lost.action == "wait" and lost.process == "worker"
+    assert h.sup.status()["worker"].state == State.RUNNING
+    assert not h.run_task.done()
+
+    h.sup.replace_spec(spec("feeder-0", WORKER))
+    await h.sup.start("feeder-0")
+    regained = await h.until(lambda e: isinstance(e, NeedRegained), timeout=20)
+    assert regained.process == "worker" and regained.need == lost.need
+    assert not h.run_task.done()

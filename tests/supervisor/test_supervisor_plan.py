@@ -37,6 +37,7 @@ def test_start_order_puts_dependencies_first() -> None:
         ),
         ([spec("a", CMD, port=9000), spec("b", CMD, port=9000)], "both use port 9000"),
         ([spec("a", CMD), spec("a", CMD)], "name 'a' is used twice"),
+        ([spec("a", CMD, needs=[{"any_of": ["b"]}])], "a.needs names no process: 'b'"),
     ],
 )
 def test_bad_plans_are_refused_before_anything_starts(specs, message, tmp_path) -> None:
