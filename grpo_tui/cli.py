@@ -583,6 +583,8 @@ def _describe_spec(index: int, spec: ProcessSpec) -> list[str]:
     ]
     if spec.liveness is not None:
         lines.append(f"   liveness:   {describe_probe(spec.liveness)}")
+    if spec.needs:
+        lines.append(f"   needs:      {'; '.join(need.describe() for need in spec.needs)}")
     if spec.port is not None:
         lines.append(f"   port:       {spec.port}")
     if spec.env:

@@ -17,7 +17,7 @@ import tomllib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, get_args, get_origin
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails
@@ -97,6 +97,14 @@ class RunSettings(BaseModel):
     output_dir: str = "runs"
     exit_with: str | None = None
     seed: int = 0
+    on_needed_failure: Literal["stop", "wait"] = Field(
+        "stop",
+        description="when a process the run needs failed for good (every environment, "
+        "inference, the API): stop the run, or wait for someone to start it again",
+    )
+    stall_after: float = Field(
+        30.0, gt=0, description="seconds without a trainer step before the stall is explained"
+    )
 
     @model_validator(mode="after")
     def _tiny_only_for_tiny(self) -> RunSettings:
@@ -413,23 +421,32 @@ def check_graph(
 ) -> tuple[list[ProcessSpec], list[Problem]]:
     """Check dependencies and ports; return the specs in start order and the problems.
 
-    Problems: a ``depends_on`` naming no process, a dependency cycle, two processes
-    configured on one port. ``names`` are all processes the profile defines (valid or
-    not), so that one bad table does not make its dependents' references look wrong. The
-    order is a topological order that keeps the profile's order among processes free to
-    start together.
+    Problems: a ``depends_on`` or ``needs`` naming no process, a dependency cycle, two
+    processes configured on one port. ``names`` are all processes the profile defines
+    (valid or not), so that one bad table does not make its dependents' references look
+    wrong. The order is a topological order that keeps the profile's order among processes
+    free to start together.
     """
     problems: list[Problem] = []
+    known = ", ".join(names)
     for spec in specs:
         for dep in spec.depends_on:
             if dep not in names:
-                known = ", ".join(names)
                 problems.append(
                     profile.problem(
                         (*sources[spec.name], "depends_on", dep),
                         f"names no process (processes: {known})",
                     )
                 )
+        for index, need in enumerate(spec.needs):
+            for name in need.any_of:
+                if name not in names:
+                    problems.append(
+                        profile.problem(
+                            (*sources[spec.name], "needs", index, "any_of"),
+                            f"{name!r} names no process (processes: {known})",
+                        )
+                    )
     owners: dict[int, str] = {}
     for spec in specs:
         if spec.port is None:

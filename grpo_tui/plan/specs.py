@@ -26,6 +26,7 @@ from grpo_tui.supervisor.spec import (
     Dependency,
     HttpProbe,
     LogLineProbe,
+    Need,
     ProcessSpec,
     RestartPolicy,
     Shutdown,
@@ -137,6 +138,7 @@ def trainer_spec(settings: RoleSettings, topology: Topology, overrides: Override
         slurm_step=step,
         env={**launch.env, **token_env(settings), **_transfer_env(settings)},
         depends_on=depends,
+        needs=_trainer_needs(settings),
         prestart=launch.argv == argv,  # one local process: it reads the start gate
         readiness=LogLineProbe(pattern=TRAINER_READY, period=0.2),
         restart=RestartPolicy(policy="on_failure", backoff_base=1.0, max_restarts=5),
@@ -239,6 +241,13 @@ def _loads_alongside(settings: RoleSettings, trainer_device: str) -> bool:
         return True
     pinned = set(settings.trainer_gpus), set(served.gpus or ())
     return all(pinned) and not pinned[0] & pinned[1]
+
+
+def _trainer_needs(settings: RoleSettings) -> list[Need]:
+    """What the trainer cannot go on without: the API, inference, one of the environments."""
+    needs = [Need(any_of=[role]) for role in ("api", "inference") if role in settings.roles]
+    envs = [name for name in settings.roles if name.startswith("env")]
+    return [*needs, Need(any_of=envs)] if envs else needs
 
 
 def _model_deps(settings: RoleSettings) -> dict[str, Dependency]:

@@ -35,6 +35,7 @@ class GrpoStack:
             exit_with=plan.exit_with,
             respec=plan.respec,
             control=plan.roles.control_endpoint,
+            on_needed_failure=plan.profile.run.on_needed_failure,
         )
         return cls(supervisor, editor=plan.edit)
 

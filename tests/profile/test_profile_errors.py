@@ -68,6 +68,28 @@ CASES = {
         "process.reward.depends_on.x",
         "names no process",
     ),
+    "needs names no process": (
+        f"""
+        [run]
+        exit_with = "reward"
+
+        [process.reward]
+        command = {CHILD}
+        needs = [{{ any_of = ["judge"] }}]
+        """,
+        6,
+        "process.reward.needs[0].any_of",
+        "'judge' names no process",
+    ),
+    "stall_after must be positive": (
+        """
+        [run]
+        stall_after = 0
+        """,
+        2,
+        "run.stall_after",
+        "greater than 0",
+    ),
     "dependency cycle": (
         f"""
         [run]

@@ -47,6 +47,17 @@ def test_quickstart_expands_in_role_order(tmp_path: Path) -> None:
     assert [s.name for s in plan.specs if s.prestart] == ["inference", "trainer", "env"]
 
 
+def test_the_trainer_needs_the_api_inference_and_one_environment(tmp_path: Path) -> None:
+    """What the run cannot go on without (the supervisor's ``needs``): every environment
+    failing for good stops the run, not one of two."""
+    profile = tmp_path / "two_envs.toml"
+    profile.write_text(QUICKSTART.read_text() + '\n[[env]]\ntask = "toy"\ngroup_size = 8\n')
+    specs = {s.name: s for s in plan_for(profile, tmp_path / "run").specs}
+    needs = [(need.any_of, need.at_least) for need in specs["trainer"].needs]
+    assert needs == [(["api"], 1), (["inference"], 1), (["env-0", "env-1"], 1)]
+    assert all(not specs[name].needs for name in ("api", "inference", "env-0", "env-1"))
+
+
 def test_quickstart_probes_restarts_and_wiring(tmp_path: Path) -> None:
     specs = {s.name: s for s in plan_for(QUICKSTART, tmp_path).specs}
     api, inference, trainer, env = (specs[n] for n in ("api", "inference", "trainer", "env"))
