@@ -117,6 +117,16 @@ def _load(
     return loaded, build_plan(loaded, run_dir=run_dir, allocation=allocation)
 
 
+def _preflight(plan: Plan) -> None:
+    """What this machine would refuse at start (a task that does not load, an executable not
+    found, a port in use): exit 2 naming each key, before anything starts."""
+    from grpo_tui.plan.preflight import preflight
+
+    problems = preflight(plan)
+    if problems:
+        raise _fail(ProfileError(problems))
+
+
 def _current_allocation(profile: Profile) -> Allocation:
     where = ("cluster", "engine")
     try:
@@ -171,6 +181,7 @@ def tui(
         loaded, plan = _load(path, mode)
     except ProfileError as error:
         raise _fail(error) from None
+    _preflight(plan)
     if not sys.stdout.isatty():
         _err().print("stdout is not a terminal: running headless (as `grpo-tui run`)")
         from grpo_tui.headless import run_headless
@@ -186,12 +197,24 @@ def tui(
 def check(
     profile: Annotated[Path, typer.Argument(help="Profile TOML to validate.")],
     mode: ModeOption = None,
+    profile_only: Annotated[
+        bool,
+        typer.Option(
+            "--profile-only",
+            help="Check the profile only, not what this machine would refuse at start "
+            "(tasks, executables, ports): for a profile meant for another machine.",
+        ),
+    ] = False,
 ) -> None:
-    """Validate a profile and print the resolved process plan (or every problem)."""
+    """Validate a profile and print the resolved process plan (or every problem), with what
+    this machine would refuse at start: a task that does not load, an executable not found,
+    a port in use."""
     try:
         loaded, plan = _load(profile, mode)
     except ProfileError as error:
         raise _fail(error) from None
+    if not profile_only:
+        _preflight(plan)
     print_plan(Console(highlight=False, soft_wrap=True), loaded, plan)
 
 
@@ -218,6 +241,7 @@ def run(
         _, plan = _load(profile, mode, run_dir=run_dir and run_dir.resolve(), in_job=True)
     except ProfileError as error:
         raise _fail(error) from None
+    _preflight(plan)
     from grpo_tui.headless import run_headless
 
     raise typer.Exit(run_headless(plan, json_lines=json_lines, echo_logs=logs))

@@ -98,20 +98,6 @@ def test_run_fails_with_reason_and_log_tail(tmp_path: Path) -> None:
     assert "worker exiting with 3" in done.stdout  # the failed process's log tail
 
 
-def test_command_not_found_is_a_failed_state_not_a_traceback(tmp_path: Path) -> None:
-    profile = write_profile(
-        tmp_path,
-        """
-        [process.worker]
-        command = ["/nonexistent/grpo-tui-test-binary"]
-        """,
-    )
-    done = grpo_tui("run", str(profile))
-    assert done.returncode == 1
-    assert "Traceback" not in done.stdout + done.stderr
-    assert "failed" in done.stdout
-
-
 def test_json_lines_carry_every_event_and_the_outcome(tmp_path: Path) -> None:
     profile = write_profile(
         tmp_path,

@@ -51,7 +51,7 @@ def write(tmp_path: Path, inference: str, trainer: str, mode: str = "none") -> P
 
 
 def check(path: Path) -> tuple[int, str]:
-    result = CliRunner().invoke(app, ["check", str(path)])
+    result = CliRunner().invoke(app, ["check", str(path), "--profile-only"])
     return result.exit_code, result.output
 
 

@@ -28,7 +28,7 @@ def test_profiles_exist() -> None:
 
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
 def test_check_passes_and_prints_the_plan(profile: Path) -> None:
-    result = CliRunner().invoke(app, ["check", str(profile)])
+    result = CliRunner().invoke(app, ["check", str(profile), "--profile-only"])
     assert result.exit_code == 0, result.output
     assert "start order: " in result.output
     assert "api -> inference -> trainer -> env" in result.output
@@ -41,7 +41,7 @@ def test_check_passes_and_prints_the_plan(profile: Path) -> None:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
 def test_every_profile_checks_in_every_mode(profile: Path, mode: str) -> None:
-    result = CliRunner().invoke(app, ["check", str(profile), "--mode", mode])
+    result = CliRunner().invoke(app, ["check", str(profile), "--mode", mode, "--profile-only"])
     assert result.exit_code == 0, result.output
     assert f"mode={mode}" in result.output
     if mode == "none":  # the trainer's default mode: its command leaves the flag out

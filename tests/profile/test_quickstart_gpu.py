@@ -24,7 +24,7 @@ def flag(command: list[str], name: str) -> str:
 
 @pytest.mark.parametrize("mode", MODES)
 def test_checks_in_every_mode_on_gpu_0_with_vllm(mode: str) -> None:
-    result = CliRunner().invoke(app, ["check", str(PROFILE), "--mode", mode])
+    result = CliRunner().invoke(app, ["check", str(PROFILE), "--mode", mode, "--profile-only"])
     assert result.exit_code == 0, result.output
     assert f"mode={mode}" in result.output
     assert "gpus      trainer [0]; inference [0]" in result.output

@@ -314,17 +314,20 @@ def test_colocate_needs_the_trainer_and_inference_on_one_and_the_same_gpu(
                 "[trainer]\ngpus = [0]", f"[trainer]\ngpus = {trainer}"
             )
         )
-        result = CliRunner().invoke(app, ["check", str(path)])
+        result = CliRunner().invoke(app, ["check", str(path), "--profile-only"])
         assert result.exit_code == 2, result.output
         output = " ".join(result.output.split())
         assert key in output and "colocate" in output, output
     (tmp_path / "one.toml").write_text(text)
-    assert CliRunner().invoke(app, ["check", str(tmp_path / "one.toml")]).exit_code == 0
+    assert (
+        CliRunner().invoke(app, ["check", str(tmp_path / "one.toml"), "--profile-only"]).exit_code
+        == 0
+    )
     # N GPUs: N ranks and N vLLM replicas (tensor parallel 1), one per GPU
     replicas = text.replace("gpus = [0]                       #", "gpus = [0, 1]  #")
     replicas = replicas.replace("[trainer]\ngpus = [0]", "[trainer]\ngpus = [0, 1]")
     (tmp_path / "n.toml").write_text(
         replicas.replace("[inference]", "[inference]\ndata_parallel_size = 2")
     )
-    result = CliRunner().invoke(app, ["check", str(tmp_path / "n.toml")])
+    result = CliRunner().invoke(app, ["check", str(tmp_path / "n.toml"), "--profile-only"])
     assert result.exit_code == 0, result.output

@@ -106,14 +106,17 @@ def test_check_refuses_a_model_that_cannot_fit_beside_vllm(tmp_path: Path) -> No
     )
     bad = tmp_path / "bad.toml"
     bad.write_text(text)
-    refused = CliRunner().invoke(app, ["check", str(bad)])
+    refused = CliRunner().invoke(app, ["check", str(bad), "--profile-only"])
     assert refused.exit_code == 2, refused.output
     output = " ".join(refused.output.split())
     assert "inference.gpu_memory_utilization" in output
     assert "= 18.5 GB on the GPU while vLLM generates" in output
     # the same model fits beside a smaller share; shared_vllm keeps no own weights
     (tmp_path / "ok.toml").write_text(text.replace("= 0.9\n", "= 0.7\n"))
-    assert CliRunner().invoke(app, ["check", str(tmp_path / "ok.toml")]).exit_code == 0
+    assert (
+        CliRunner().invoke(app, ["check", str(tmp_path / "ok.toml"), "--profile-only"]).exit_code
+        == 0
+    )
     (tmp_path / "shared.toml").write_text(text.replace('"colocate"', '"shared_vllm"'))
-    shared = CliRunner().invoke(app, ["check", str(tmp_path / "shared.toml")])
+    shared = CliRunner().invoke(app, ["check", str(tmp_path / "shared.toml"), "--profile-only"])
     assert shared.exit_code == 2 and "= 12.3 GB" in " ".join(shared.output.split())
