@@ -1,6 +1,6 @@
 """The Textual app: wires one GRPO stack's supervisor (or a run's files) to the screens.
 
-One worker runs ``Supervisor.run()``, one pumps its events into a plain :class:`RunState`,
+One worker runs ``GrpoStack.run()``, one pumps its events into a plain :class:`RunState`,
 and a 2 Hz timer copies ``Supervisor.status()`` into it; screens draw that state on their
 own timers. Every binding has an id (remap in ``~/.config/grpo-tui/keymap.toml``) and every
 action is in the command palette (:mod:`grpo_tui.commands`). Quitting runs the supervisor's
@@ -188,6 +188,7 @@ class GrpoTuiApp(App[int]):
         super().__init__()
         self.state = state
         self.follow = follow
+        self.stack = stack
         self.supervisor = stack.supervisor if stack is not None else None
         self.control: RunControl | None = stack if stack is not None else control
         self.notice = notice
@@ -260,8 +261,8 @@ class GrpoTuiApp(App[int]):
 
     @work(group="supervisor", exit_on_error=False)
     async def _run_supervisor(self) -> None:
-        assert self.supervisor is not None
-        outcome = await self.supervisor.run()
+        assert self.stack is not None
+        outcome = await self.stack.run()
         self.outcome = outcome
         self.state.outcome = f"exit {outcome.exit_code}: {outcome.reason}"
         self.state.finished_at = self.clock()

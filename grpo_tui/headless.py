@@ -303,7 +303,7 @@ class HeadlessRun:
         for sig in handled:
             loop.add_signal_handler(sig, self._on_signal, supervisor, sig)
         try:
-            outcome = await supervisor.run()
+            outcome = await stack.run()
         finally:
             for sig in handled:
                 loop.remove_signal_handler(sig)

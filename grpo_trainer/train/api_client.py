@@ -194,12 +194,10 @@ class ApiClient:
         return None
 
     def _starving(self, waited: float) -> str:
-        """Why no batch came, as far as the API can tell (a run that stalls says why).
-
-        Environments post only groups whose scores differ: a policy that became
-        deterministic scores every group all-equal and posts none, while its inference
-        server stays busy (the two-GPU stall of references.md section 7).
-        """
+        """What the API can tell about a missing batch. Which of the causes it is (the
+        environments down, or a policy that became deterministic: every group scored
+        all-equal and none posted while inference stays busy, the two-GPU stall of
+        references.md section 7) only the supervisor sees: its stall watchdog names it."""
         need = self.registration.batch_size if self.registration else "?"
         try:
             queued = self.http.get("/status").json().get("queue_sequences", "?")
@@ -207,9 +205,10 @@ class ApiClient:
             queued = "?"
         return (
             f"no batch for {waited:.1f} s: the API holds {queued} queued sequences of the "
-            f"{need} a step needs. Environments post only groups whose scores differ "
-            "(env/groups_dropped_equal_scores counts the others): a policy that became "
-            "deterministic (entropy near 0) posts none; check the environments' logs"
+            f"{need} a step needs. Either the environments are not running (the "
+            "supervisor's stall report names the cause) or they post no group: they drop "
+            "those whose scores are all equal (env/groups_dropped_equal_scores), all of "
+            "them once the policy is deterministic (entropy near 0)"
         )
 
     def _parse_batch(self, response: httpx.Response) -> LeasedBatch | None:

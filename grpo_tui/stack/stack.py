@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -9,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 from grpo_tui.stack.edits import Editor, apply_edit
 from grpo_tui.stack.modes import switch_mode
 from grpo_tui.stack.requests import stack_requests
+from grpo_tui.stack.stall import StallWatch
+from grpo_tui.supervisor.outcome import RunOutcome
 from grpo_tui.supervisor.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -17,31 +21,65 @@ if TYPE_CHECKING:
 
 class GrpoStack:
     """A :class:`Supervisor` with the GRPO actions: mode switch, live edits, and their
-    control-socket requests. Also what the dashboard acts on in a run it started (the
-    process operations are the supervisor's)."""
+    control-socket requests; the stall watchdog over its trainer. Also what the dashboard
+    acts on in a run it started (the process operations are the supervisor's)."""
 
-    def __init__(self, supervisor: Supervisor, *, editor: Editor | None = None) -> None:
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        *,
+        editor: Editor | None = None,
+        stall: StallWatch | None = None,
+    ) -> None:
         self.supervisor = supervisor
         self.editor = editor
+        self.stall = stall
         for action, handler in stack_requests(self).items():
             supervisor.handle(action, handler)
 
     @classmethod
     def from_plan(cls, plan: Plan) -> GrpoStack:
-        """The stack of a checked plan: its specs, exit process, respec and edit callbacks."""
+        """The stack of a checked plan: its specs, exit process, respec and edit callbacks,
+        what to do when a needed process fails, and the stall watchdog over its trainer."""
+        from grpo_tui.plan.settings import trainer_config
+
+        run = plan.profile.run
         supervisor = Supervisor(
             plan.specs,
             plan.run_dir,
             exit_with=plan.exit_with,
             respec=plan.respec,
             control=plan.roles.control_endpoint,
-            on_needed_failure=plan.profile.run.on_needed_failure,
+            on_needed_failure=run.on_needed_failure,
         )
-        return cls(supervisor, editor=plan.edit)
+        stall = None
+        if "trainer" in plan.roles.roles:
+            settings = plan.roles.settings
+            api = settings.api
+            token = api.token.get_secret_value() if api and api.token else None
+            stall = StallWatch(
+                supervisor,
+                after=run.stall_after,
+                api_url=settings.api_url if api is not None else None,
+                headers={"Authorization": f"Bearer {token}"} if token else None,
+                step_sequences=trainer_config(settings, plan.roles.mode).step_batch_size,
+            )
+        return cls(supervisor, editor=plan.edit, stall=stall)
 
     @property
     def run_dir(self) -> Path:
         return self.supervisor.run_dir
+
+    async def run(self) -> RunOutcome:
+        """Supervise the run to its end (``Supervisor.run``), watching for stalls."""
+        watching = asyncio.create_task(self.stall.watch()) if self.stall else None
+        try:
+            return await self.supervisor.run()
+        finally:
+            if watching is not None:
+                watching.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watching
 
     async def switch_mode(self, mode: str) -> None:
         """See :func:`grpo_tui.stack.modes.switch_mode`."""

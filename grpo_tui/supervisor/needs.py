@@ -61,11 +61,15 @@ class NeedWatch:
         self._lost = lost
 
     def _unmet(self, need: Need) -> bool:
-        able = [name for name in set(need.any_of) if not self._lives[name].gave_up]
-        return len(able) < need.at_least
+        """Fewer than ``at_least`` able to run. Names this run does not have (a spec
+        replaced by a stack's edit may name more) are not counted either way."""
+        known = [self._lives[name] for name in set(need.any_of) if name in self._lives]
+        able = [life for life in known if not life.gave_up]
+        return len(able) < min(need.at_least, len(known))
 
     def _lose(self, life: ProcessLife, need: Need) -> None:
-        failed = {n: self._lives[n] for n in need.any_of if self._lives[n].gave_up}
+        named = [self._lives[n] for n in need.any_of if n in self._lives]
+        failed = {f.name: f for f in named if f.gave_up}
         event = NeedLost(
             process=life.name,
             need=need.describe(),

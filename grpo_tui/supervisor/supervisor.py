@@ -21,7 +21,7 @@ from typing import Any
 from grpo_tui.supervisor import graph
 from grpo_tui.supervisor.bus import Subscription
 from grpo_tui.supervisor.control import ControlEndpoint
-from grpo_tui.supervisor.events import State
+from grpo_tui.supervisor.events import Event, State
 from grpo_tui.supervisor.journal import Journal
 from grpo_tui.supervisor.lifecycle import Hooks, ProcessLife, ProcessStatus, planned
 from grpo_tui.supervisor.logs import OutputSink
@@ -304,6 +304,10 @@ class Supervisor:
     def notice(self, message: str, level: str = "info") -> None:
         """Publish a notice (subscribers and ``events.jsonl``)."""
         self._journal.notice(message, level)
+
+    def publish(self, event: Event) -> None:
+        """Publish an event a stack over this one built (subscribers and ``events.jsonl``)."""
+        self._journal.publish(event)
 
     # ------------------------------------------------------------- infrastructure
 

@@ -1,0 +1,194 @@
+"""The stall watchdog: when the trainer has made no progress for a while, say why.
+
+Progress is a trainer step (a metrics record with a step past the last one). The clock
+starts at the first step: start-up (imports, model load, the first batch) is not a stall.
+Once ``after`` seconds pass without a step, a ``Stalled`` event names what the supervisor
+can see, most telling first:
+
+- a server down or restarting (inference, the API) or one alive but not answering
+  (its liveness probe failing);
+- environments failed, backing off or not answering;
+- the trainer itself restarting;
+- a weight sync that has not returned (the trainer's phase, ``grpo_trainer.train.phases``);
+- the API's queue short of a batch while environments drop every group as all-equal (a
+  policy that became deterministic) or send nothing.
+
+The event is repeated when the causes change (at most every ``after`` s), so the cause of
+a long stall is never stale. A stall over the threshold is thus always reported with a
+cause; the trainer's own "no batch" warning cannot see the processes around it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import httpx
+
+from grpo_trainer.train.phases import CURRENT, PHASES
+from grpo_tui.supervisor.bus import Subscription
+from grpo_tui.supervisor.events import MetricsRecord, Stalled, State
+from grpo_tui.supervisor.lifecycle import ProcessStatus
+from grpo_tui.supervisor.supervisor import Supervisor
+
+TICK = 1.0
+SERVERS = ("inference", "api")
+"""Roles the trainer needs to answer, named first when down."""
+STEP_METRIC = "loss"
+"""In every record of a trainer step, and only there."""
+SYNC_PHASES = ("sleeping", "syncing", "waking")
+ENV_SENT = "env/groups_sent"
+ENV_DROPPED = "env/groups_dropped_equal_scores"
+
+
+@dataclass
+class Progress:
+    """What the watch has seen of the trainer and the environments."""
+
+    step: int | None = None
+    step_at: float = 0.0
+    phase: str = "generating"
+    phase_at: float = 0.0
+    envs: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Each environment's cumulative counters, latest."""
+    envs_at_step: dict[str, dict[str, float]] = field(default_factory=dict)
+    """The same, when the trainer's last step arrived."""
+
+    def fold(self, record: MetricsRecord, trainer: str, envs: set[str]) -> bool:
+        """Take one metrics record; True when it is a new trainer step."""
+        if record.process in envs:
+            counts = self.envs.setdefault(record.process, {})
+            counts.update({k: v for k, v in record.data.items() if k in (ENV_SENT, ENV_DROPPED)})
+            return False
+        if record.process != trainer:
+            return False
+        if CURRENT in record.data:
+            phase = PHASES[int(record.data[CURRENT])]
+            if phase != self.phase:
+                self.phase, self.phase_at = phase, record.t
+        if record.step is None or STEP_METRIC not in record.data:
+            return False  # a phase change is not progress; a step (even one redone) is
+        self.step, self.step_at = record.step, record.t
+        self.envs_at_step = {name: dict(counts) for name, counts in self.envs.items()}
+        return True
+
+    def env_delta(self, key: str) -> int:
+        """How much ``key`` rose over every environment since the last step (a restarted
+        environment counts from 0 again)."""
+        total = 0.0
+        for name, counts in self.envs.items():
+            before = self.envs_at_step.get(name, {}).get(key, 0.0)
+            now = counts.get(key, 0.0)
+            total += now - before if now >= before else now
+        return int(total)
+
+
+def process_causes(statuses: Mapping[str, ProcessStatus], trainer: str) -> list[str]:
+    """Causes in the processes' states: servers first, then environments, the trainer."""
+    order = [n for role in SERVERS for n, s in statuses.items() if s.role == role]
+    order += [n for n, s in statuses.items() if s.role == "env"]
+    order.append(trainer)
+    causes = []
+    for name in order:
+        status = statuses[name]
+        why = f": {status.last_reason}" if status.last_reason else ""
+        if status.state not in (State.READY, State.RUNNING):
+            doing = "restarting" if status.state in (State.BACKOFF, State.STARTING) else "down"
+            causes.append(f"{name} is {doing} ({status.state}{why})")
+        elif status.health == "failing":
+            causes.append(f"{name} is alive but not answering (its liveness probe fails)")
+    return causes
+
+
+def progress_causes(progress: Progress, now: float, queued: str, need: str) -> list[str]:
+    """Causes in what the trainer is doing and what the environments report."""
+    in_phase = now - progress.phase_at
+    if progress.phase in SYNC_PHASES:
+        return [f"a weight sync has not returned: {progress.phase} for {in_phase:.0f} s"]
+    if progress.phase == "training":
+        return [f"the trainer has been training one step for {in_phase:.0f} s"]
+    sent, dropped = progress.env_delta(ENV_SENT), progress.env_delta(ENV_DROPPED)
+    queue = f"the API holds {queued} queued sequences of the {need} a step needs"
+    if dropped and not sent:
+        return [
+            f"{queue} while the environments dropped {dropped} all-equal groups and sent "
+            "none: every group scores the same (a policy that became deterministic?)"
+        ]
+    if not sent:
+        return [f"{queue} and the environments sent no group since the last step"]
+    return [f"{queue}; the environments sent {sent} groups and dropped {dropped} all-equal"]
+
+
+class StallWatch:
+    """Watches one run's trainer; publishes ``Stalled`` through the supervisor."""
+
+    def __init__(
+        self,
+        supervisor: Supervisor,
+        *,
+        after: float,
+        api_url: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        step_sequences: int | None = None,
+    ) -> None:
+        self.supervisor = supervisor
+        self.after = after
+        self.api_url = api_url
+        self.headers = dict(headers or {})
+        self.step_sequences = step_sequences
+        self.progress = Progress()
+        self._reported: tuple[str, ...] = ()
+        self._reported_at = 0.0
+
+    async def watch(self) -> None:
+        """Fold the run's metrics and check every second, until cancelled."""
+        trainer = self.supervisor.by_role("trainer")
+        envs = {n for n in self.supervisor.names if self.supervisor.spec(n).role == "env"}
+        async with self.supervisor.subscribe() as events, httpx.AsyncClient(timeout=2.0) as http:
+            folding = asyncio.create_task(self._fold(events, trainer, envs))
+            try:
+                while True:
+                    await asyncio.sleep(TICK)
+                    await self._check(trainer, http)
+            finally:
+                folding.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await folding
+
+    async def _fold(self, events: Subscription, trainer: str, envs: set[str]) -> None:
+        async for event in events:
+            if isinstance(event, MetricsRecord) and self.progress.fold(event, trainer, envs):
+                self._reported = ()
+
+    async def _check(self, trainer: str, http: httpx.AsyncClient) -> None:
+        progress, now = self.progress, time.time()
+        quiet = now - progress.step_at
+        if progress.step is None or quiet < self.after:
+            return
+        causes = process_causes(self.supervisor.status(), trainer)
+        if not causes:
+            causes = progress_causes(progress, now, await self._queued(http), self._need())
+        if tuple(causes) == self._reported or (
+            self._reported and now - self._reported_at < self.after
+        ):
+            return
+        self._reported, self._reported_at = tuple(causes), now
+        self.supervisor.publish(
+            Stalled(process=trainer, seconds=quiet, step=progress.step, causes=tuple(causes))
+        )
+
+    async def _queued(self, http: httpx.AsyncClient) -> str:
+        """The API's queued sequences (``/status``), or why it could not say."""
+        if self.api_url is None:
+            return "?"
+        try:
+            answer = await http.get(f"{self.api_url}/status", headers=self.headers)
+            return str(answer.json()["queue_sequences"])
+        except (httpx.HTTPError, ValueError, KeyError) as error:
+            return f"? ({type(error).__name__})"
+
+    def _need(self) -> str:
+        return str(self.step_sequences) if self.step_sequences else "?"

@@ -1,0 +1,104 @@
+"""The stall watchdog names the cause (issue 27): from the processes' states first, then
+from what the trainer is doing and what the environments report."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+
+from conftest import child, spec
+
+from grpo_tui.stack.stall import Progress, StallWatch, process_causes, progress_causes
+from grpo_tui.supervisor.events import MetricsRecord, Stalled, State
+from grpo_tui.supervisor.lifecycle import ProcessStatus
+
+SLEEPER = [sys.executable, "-c", "import time\nprint('up', flush=True)\ntime.sleep(600)"]
+
+
+def status(name: str, role: str, state: State, health: str | None = "ok", why: str = ""):
+    return ProcessStatus(name, role, state, 1, 0.0, 0, None, health, None, why)
+
+
+def test_processes_name_servers_first_then_environments_then_the_trainer() -> None:
+    statuses = {
+        "api": status("api", "api", State.READY),
+        "inference": status("inference", "inference", State.BACKOFF, why="killed by SIGKILL"),
+        "trainer": status("trainer", "trainer", State.READY),
+        "env-0": status("env-0", "env", State.FAILED, why="exited with code 2"),
+        "env-1": status("env-1", "env", State.READY, health="failing"),
+    }
+    assert process_causes(statuses, "trainer") == [
+        "inference is restarting (backoff: killed by SIGKILL)",
+        "env-0 is down (failed: exited with code 2)",
+        "env-1 is alive but not answering (its liveness probe fails)",
+    ]
+    statuses["inference"] = status("inference", "inference", State.READY)
+    statuses["env-0"] = status("env-0", "env", State.READY)
+    statuses["env-1"] = status("env-1", "env", State.READY)
+    assert process_causes(statuses, "trainer") == []
+
+
+def progress(*records: MetricsRecord) -> Progress:
+    seen = Progress()
+    for record in records:
+        seen.fold(record, "trainer", {"env"})
+    return seen
+
+
+def test_what_the_trainer_does_and_the_environments_report() -> None:
+    def env(t: float, sent: float, dropped: float) -> MetricsRecord:
+        data = {"env/groups_sent": sent, "env/groups_dropped_equal_scores": dropped}
+        return MetricsRecord(t=t, process="env", step=None, data=data)
+
+    step = MetricsRecord(t=10, process="trainer", step=7, data={"loss": 0.1})
+    syncing = MetricsRecord(t=11, process="trainer", step=7, data={"phase/current": 3.0})
+    assert progress_causes(progress(step, syncing), 50, "0", "128") == [
+        "a weight sync has not returned: syncing for 39 s"
+    ]
+    deterministic = progress(env(5, 40, 3), step, env(30, 40, 27))
+    assert progress_causes(deterministic, 50, "0", "128") == [
+        "the API holds 0 queued sequences of the 128 a step needs while the environments "
+        "dropped 24 all-equal groups and sent none: every group scores the same (a policy "
+        "that became deterministic?)"
+    ]
+    assert progress_causes(progress(env(5, 40, 3), step), 50, "0", "128") == [
+        "the API holds 0 queued sequences of the 128 a step needs and the environments "
+        "sent no group since the last step"
+    ]
+    restarted = progress(env(5, 40, 3), step, env(30, 2, 1))  # a new env process: from 0
+    assert "sent 2 groups and dropped 1" in progress_causes(restarted, 50, "9", "128")[0]
+    assert progress(syncing).step is None  # a phase change is not a step
+
+
+async def test_a_stall_is_published_with_its_cause_once_past_the_first_step(supervise) -> None:
+    """A trainer that reported two steps and went quiet while inference died: after
+    ``after`` s a ``Stalled`` event (subscribers and events.jsonl) names inference."""
+    trainer = spec("trainer", child("reporter.py"), role="trainer")
+    inference = spec(
+        "inference", SLEEPER, role="inference", readiness={"kind": "log_line", "pattern": "up"}
+    )
+    h = supervise([inference, trainer])
+    watch = StallWatch(h.sup, after=1.0)
+    watching = asyncio.create_task(watch.watch())
+    try:
+        await h.state("inference", State.READY)
+        os.kill(h.sup.status()["inference"].pid, signal.SIGKILL)
+        # (under load the first report may come before the kill: "no group since ...")
+        stalled = await h.until(
+            lambda e: isinstance(e, Stalled) and "inference" in e.causes[0], timeout=15
+        )
+    finally:
+        watching.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await watching
+    assert stalled.process == "trainer" and stalled.step == 2 and stalled.seconds >= 1.0
+    assert stalled.causes == ("inference is down (failed: killed by SIGKILL)",)
+    await h.sup.shutdown("test finished")
+    on_disk = [
+        json.loads(line) for line in (h.sup.run_dir / "events.jsonl").read_text().splitlines()
+    ]
+    assert [r["causes"] for r in on_disk if r["type"] == "Stalled"][-1] == list(stalled.causes)
