@@ -311,7 +311,9 @@ class ProcessLife:
             self.sink.on_line = None
             self.exit_code = code
             self.hooks.flush_logs()
-            return code, self.last_reason, time.time() - child.started_at
+            asked = self.gave_up or self.stop_requested  # else it exited on its own
+            reason = self.last_reason if asked else describe_exit(code)
+            return code, reason, time.time() - child.started_at
         watcher = asyncio.create_task(self._watch_probes(matcher))
         await asyncio.wait({exited, watcher}, return_when=asyncio.FIRST_COMPLETED)
         reason = ""

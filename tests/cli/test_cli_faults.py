@@ -1,5 +1,6 @@
-"""The command line under faults a new user meets (issue 27, cases 2, 6 and 7).
+"""The command line under faults a new user meets (issue 27, cases 1, 2, 6 and 7).
 
+- every environment failed for good: the run ends within 5 s, naming its error;
 - stdout closed under a running run (``| head -3``; a ``tee`` killed by the same Ctrl-C):
   the run goes on to its end, no traceback, ``events.jsonl`` whole, the exit code follows
   the outcome (0 finished, 128 + signal after a signal);
@@ -11,12 +12,22 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
+import tomllib
 from pathlib import Path
 
 import pytest
+import tomli_w
 from test_headless_run import REPO, child, events, only_run_dir, write_profile
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def start_run(profile: Path) -> subprocess.Popen[str]:
@@ -135,3 +146,60 @@ def test_a_profile_path_still_opens_the_default_command() -> None:
     )
     assert done.returncode == 2
     assert "no-such-profile.toml: file not found" in done.stderr
+
+
+BROKEN_TASK = '''
+from pathlib import Path
+
+from grpo_trainer.envs.toy import RepeatDigit
+
+
+class Broken(RepeatDigit):
+    """Imports and is a Task (the preflight passes it), fails when it starts."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        Path("/nonexistent/grpo-tui-prompts.jsonl").read_text()
+'''
+
+
+@pytest.mark.timeout(240)
+def test_every_environment_failing_for_good_ends_the_run_with_its_error(tmp_path: Path) -> None:
+    """Issue 27 case 1. The only environment fails at start, past the preflight: once it
+    gave up, the run stops in order within 5 s with exit 1, and the console and
+    events.jsonl name it with its real error (on main it waited forever)."""
+    (tmp_path / "broken_task.py").write_text(BROKEN_TASK)
+    profile = tomllib.loads((REPO / "profiles" / "quickstart.toml").read_text())
+    profile["run"]["output_dir"] = str(tmp_path / "runs")
+    profile["api"]["port"], profile["inference"]["port"] = free_port(), free_port()
+    profile["env"][0]["task"] = "broken_task:Broken"
+    quick = {"policy": "on_failure", "backoff_base": 0.2, "max_restarts": 1}
+    profile["process"] = {"env": {"restart": quick}}
+    path = tmp_path / "p.toml"
+    path.write_text(tomli_w.dumps(profile))
+    python_path = os.pathsep.join([str(REPO), str(tmp_path)])
+    done = subprocess.run(
+        [sys.executable, "-m", "grpo_tui", "run", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": python_path},
+    )
+    exited = time.time()
+    assert done.returncode == 1, done.stdout + done.stderr
+    error = "No such file or directory: '/nonexistent/grpo-tui-prompts.jsonl'"
+    assert "run failed: trainer cannot go on without env: env failed" in done.stdout
+    assert "trainer cannot go on without env" in done.stdout and error in done.stdout
+    assert "Traceback" not in done.stderr
+    run_dir = only_run_dir(tmp_path)
+    records = events(run_dir)
+    (gave_up,) = [r for r in records if r["type"] == "StateChanged" and r["new"] == "failed"]
+    assert gave_up["process"] == "env"
+    assert gave_up["reason"] == "exited with code 2; gave up after 1 restarts"
+    (lost,) = [r for r in records if r["type"] == "NeedLost"]
+    assert lost["process"] == "trainer" and lost["action"] == "stop"
+    assert error in lost["last_lines"]["env"][-1]
+    assert exited - gave_up["t"] < 5.0, f"ended {exited - gave_up['t']:.1f} s after the failure"
+    changes = [(r["process"], r["new"]) for r in records if r["type"] == "StateChanged"]
+    assert ("trainer", "stopped") in changes  # stopped in order, not killed with the rest
