@@ -166,9 +166,16 @@ class StallWatch:
     async def _check(self, trainer: str, http: httpx.AsyncClient) -> None:
         progress, now = self.progress, time.time()
         quiet = now - progress.step_at
-        if progress.step is None or quiet < self.after:
+        if progress.step is None or quiet < self.after or self.supervisor.closing:
             return
-        causes = process_causes(self.supervisor.status(), trainer)
+        statuses = self.supervisor.status()
+        causes = process_causes(statuses, trainer)
+        restarted = statuses[trainer].started_at
+        if not causes and restarted is not None and restarted > progress.step_at:
+            causes = [
+                f"the trainer restarted {now - restarted:.0f} s ago and is {progress.phase} "
+                "(its first step since)"
+            ]
         if not causes:
             causes = progress_causes(progress, now, await self._queued(http), self._need())
         if tuple(causes) == self._reported or (

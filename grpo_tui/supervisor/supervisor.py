@@ -292,9 +292,14 @@ class Supervisor:
                 await stack.enter_async_context(self._life(name).lock)
             yield Held({name: self._life(name) for name in names}, self._start)
 
+    @property
+    def closing(self) -> bool:
+        """The run's shutdown has begun (asked for, or the run ended): nothing starts again."""
+        return self._end.closing
+
     def refuse_if_closing(self, name: str) -> None:
         """Raise ``ShuttingDown`` (naming ``name``) once the run's shutdown has begun."""
-        if self._end.closing:
+        if self.closing:
             raise ShuttingDown(f"supervisor is shutting down: not starting {name}")
 
     def handle(self, action: str, handler: RequestHandler) -> None:
