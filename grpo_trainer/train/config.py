@@ -94,7 +94,11 @@ class TrainerConfig(BaseModel):
     save_path: str = "trained_model_checkpoints"
     checkpoint_interval: int = Field(10, ge=0, description="steps between checkpoints; 0 = end")
     keep_checkpoints: int = Field(3, ge=1)
-    resume: str | None = Field(None, description="'auto' or a checkpoint directory")
+    resume: str | None = Field(
+        None,
+        description="'auto' or a checkpoint directory to start from (a restarted trainer "
+        "continues from the run's own newer checkpoints)",
+    )
 
     # LoRA
     lora_r: int = Field(16, ge=1)

@@ -26,11 +26,14 @@ from grpo_trainer.train.sources import ApiSource, BatchSource, FileSource
 
 
 def resume_point(config: TrainerConfig) -> ResumePoint | None:
-    """``--resume auto``: the rule in ``resolve_resume``; ``--resume PATH``: that checkpoint."""
+    """``--resume auto``: the rule in ``resolve_resume``; ``--resume PATH``: that checkpoint,
+    until this run saved its own: a restarted trainer then continues from those (the rule in
+    ``resolve_resume``), not from the start point again."""
     if config.resume is None:
         return None
-    if config.resume == "auto":
-        return resolve_resume(config.checkpoint_dir, config.weight_bridge_mode)
+    own = resolve_resume(config.checkpoint_dir, config.weight_bridge_mode)
+    if config.resume == "auto" or own is not None:
+        return own
     return resume_from_path(config.resume, config.weight_bridge_mode)
 
 

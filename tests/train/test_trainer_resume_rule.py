@@ -88,3 +88,18 @@ def test_prune_keeps_last_steps_and_the_bases_of_kept_adapters(tmp_path: Path) -
         "step_6",
         "step_8",
     ]
+
+
+def test_resume_from_a_path_until_the_run_saved_its_own(tmp_path: Path) -> None:
+    """``--resume PATH`` starts a run from another run's checkpoint; once this run saved its
+    own, a restarted trainer continues from those, not from PATH again (found by the fault
+    suite: a resumed run's trainer, killed, went back to the first run's step 8)."""
+    from grpo_trainer.train.config import TrainerConfig
+    from grpo_trainer.train.session import resume_point
+
+    start = full(tmp_path / "old" / "checkpoints", 8)
+    save = tmp_path / "new" / "checkpoints"
+    config = TrainerConfig(model_name="m", save_path=str(save), resume=str(start))
+    assert resume_point(config).checkpoint == start
+    full(save, 12)
+    assert resume_point(config).checkpoint == save / "step_12"
