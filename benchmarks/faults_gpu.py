@@ -131,12 +131,16 @@ def measure(result: CellResult, run_dir: Path, killed: float) -> None:
     """Fill ``result`` from the run's files (called repeatedly while the cell runs)."""
     events = _lines(run_dir / "events.jsonl")
     restarts = [
-        e for e in events
+        e
+        for e in events
         if e.get("type") == "Restarting" and e.get("process") == "inference" and e["t"] >= killed
-    ]  # fmt: skip
+    ]
     result.seen_s = restarts[0]["t"] - killed if restarts else None
-    back = [e["t"] for e in state_changes(run_dir, "inference")
-            if e["new"] == "ready" and e["t"] > killed]  # fmt: skip
+    back = [
+        e["t"]
+        for e in state_changes(run_dir, "inference")
+        if e["new"] == "ready" and e["t"] > killed
+    ]
     result.vllm_back_s = back[0] - killed if back else None
     result.trainer_restarts = sum(
         1 for e in state_changes(run_dir, "trainer") if e["new"] == "starting" and e["t"] > killed
@@ -144,9 +148,11 @@ def measure(result: CellResult, run_dir: Path, killed: float) -> None:
     result.failed_syncs = sum(
         1
         for e in events
-        if e.get("type") == "Notice" and e["t"] > killed and "sync" in e.get("message", "")
+        if e.get("type") == "Notice"
+        and e["t"] > killed
+        and "sync" in e.get("message", "")
         and e.get("level") in ("warning", "error")
-    )  # fmt: skip
+    )
     after = [r for r in trainer_records(run_dir) if r["t"] > killed]
     result.steps_after_kill = len(after)
     result.beyond_lag = [
@@ -155,9 +161,10 @@ def measure(result: CellResult, run_dir: Path, killed: float) -> None:
         if r["step"] - r["data"].get("policy_version", r["step"]) > result.max_sync_lag
     ]
     fresh = [
-        r for r in after
+        r
+        for r in after
         if back and r["t"] > back[0] and r["data"].get("policy_version") == r["step"]
-    ]  # fmt: skip
+    ]
     if fresh:
         result.fresh_s, result.fresh_step = fresh[0]["t"] - killed, int(fresh[0]["step"])
 
@@ -175,8 +182,12 @@ def run_cell(cell: str, args: argparse.Namespace, save: Callable[[], None]) -> C
     with (work / "supervisor.jsonl").open("wb") as out, (work / "supervisor.err").open("wb") as err:
         proc = subprocess.Popen(
             [sys.executable, "-m", "grpo_tui", "run", str(path), "--json"],
-            stdout=out, stderr=err, cwd=REPO, start_new_session=True, env=child_env(),
-        )  # fmt: skip
+            stdout=out,
+            stderr=err,
+            cwd=REPO,
+            start_new_session=True,
+            env=child_env(),
+        )
     run_id, killed = "", None
     try:
         run_dir = None

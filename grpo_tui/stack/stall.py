@@ -103,6 +103,24 @@ def process_causes(statuses: Mapping[str, ProcessStatus], trainer: str) -> list[
     return causes
 
 
+def restart_causes(
+    statuses: Mapping[str, ProcessStatus], trainer: str, progress: Progress, now: float
+) -> list[str]:
+    """Processes up again that restarted since the trainer's last step: the stall is most
+    likely their restart (a restarted trainer is still on its first step)."""
+    causes = []
+    for name, status in statuses.items():
+        up = status.state in (State.READY, State.RUNNING) and status.health != "failing"
+        if not up or status.started_at is None or status.started_at <= progress.step_at:
+            continue
+        ago = f"{now - status.started_at:.0f} s ago"
+        if name == trainer:
+            causes.append(f"the trainer restarted {ago} and is {progress.phase} its first step")
+        else:
+            causes.append(f"{name} restarted {ago}, since the trainer's last step")
+    return causes
+
+
 def progress_causes(progress: Progress, now: float, queued: str, need: str) -> list[str]:
     """Causes in what the trainer is doing and what the environments report."""
     in_phase = now - progress.phase_at
@@ -170,12 +188,7 @@ class StallWatch:
             return
         statuses = self.supervisor.status()
         causes = process_causes(statuses, trainer)
-        restarted = statuses[trainer].started_at
-        if not causes and restarted is not None and restarted > progress.step_at:
-            causes = [
-                f"the trainer restarted {now - restarted:.0f} s ago and is {progress.phase} "
-                "(its first step since)"
-            ]
+        causes += restart_causes(statuses, trainer, progress, now)
         if not causes:
             causes = progress_causes(progress, now, await self._queued(http), self._need())
         if tuple(causes) == self._reported or (

@@ -12,7 +12,13 @@ import sys
 
 from conftest import child, spec
 
-from grpo_tui.stack.stall import Progress, StallWatch, process_causes, progress_causes
+from grpo_tui.stack.stall import (
+    Progress,
+    StallWatch,
+    process_causes,
+    progress_causes,
+    restart_causes,
+)
 from grpo_tui.supervisor.events import MetricsRecord, Stalled, State
 from grpo_tui.supervisor.lifecycle import ProcessStatus
 
@@ -40,6 +46,22 @@ def test_processes_name_servers_first_then_environments_then_the_trainer() -> No
     statuses["env-0"] = status("env-0", "env", State.READY)
     statuses["env-1"] = status("env-1", "env", State.READY)
     assert process_causes(statuses, "trainer") == []
+
+
+def test_processes_that_restarted_since_the_last_step_are_named() -> None:
+    def up(name: str, role: str, started: float):
+        return ProcessStatus(name, role, State.READY, 1, started, 1, None, "ok", None, "")
+
+    seen = Progress(step=7, step_at=100.0, phase="training")
+    statuses = {
+        "inference": up("inference", "inference", 90.0),  # up since before the step
+        "env": up("env", "env", 104.0),
+        "trainer": up("trainer", "trainer", 106.0),
+    }
+    assert restart_causes(statuses, "trainer", seen, now=110.0) == [
+        "env restarted 6 s ago, since the trainer's last step",
+        "the trainer restarted 4 s ago and is training its first step",
+    ]
 
 
 def progress(*records: MetricsRecord) -> Progress:
