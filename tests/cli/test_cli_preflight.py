@@ -1,11 +1,10 @@
 """``check`` and ``run`` refuse what this machine would refuse at start (issue 27, cases 1,
 4 and 5): a task that does not load, an executable not found, a port in use. Exit 2, the
-profile key and line named, nothing started."""
+profile key and line named, nothing started. In process (typer's runner): the task's
+import is the one subprocess."""
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
 import time
 import tomllib
@@ -14,7 +13,10 @@ from pathlib import Path
 import psutil
 import pytest
 import tomli_w
-from test_headless_run import child, grpo_tui, write_profile
+from test_headless_run import child, write_profile
+from typer.testing import CliRunner
+
+from grpo_tui.cli import app
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "profiles" / "quickstart.toml"
@@ -30,9 +32,13 @@ def quickstart_with(tmp_path: Path, **env: str) -> Path:
     return path
 
 
-def problem_line(output: str, key: str) -> str:
-    lines = [line for line in output.splitlines() if f": {key}: " in line]
-    assert len(lines) == 1, output
+def refused(*args: str, key: str, env: dict[str, str] | None = None) -> str:
+    """The one problem line naming ``key`` of a command that must exit 2."""
+    result = CliRunner().invoke(app, list(args), env=env)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if f": {key}: " in line]
+    assert len(lines) == 1, result.output
     return lines[0]
 
 
@@ -49,11 +55,8 @@ def test_a_task_that_does_not_load_is_named_with_its_error(
 ) -> None:
     commands = ("check", "run") if task.startswith("no_such_mod") else ("check",)
     for command in commands:
-        done = grpo_tui(command, str(quickstart_with(tmp_path, task=task)))
-        assert done.returncode == 2, done.stdout + done.stderr
-        line = problem_line(done.stderr, "env[0].task")
+        line = refused(command, str(quickstart_with(tmp_path, task=task)), key="env[0].task")
         assert "p.toml:" in line and repr(task) in line and says in line
-        assert "Traceback" not in done.stderr
     assert not (tmp_path / "runs").exists(), "nothing was started"
 
 
@@ -68,25 +71,16 @@ def test_an_executable_not_found_is_named_by_its_key(tmp_path: Path, executable:
         """,
     )
     for command in ("check", "run"):
-        done = grpo_tui(command, str(profile))
-        assert done.returncode == 2, done.stdout + done.stderr
-        line = problem_line(done.stderr, "process.worker.command")
+        line = refused(command, str(profile), key="process.worker.command")
         assert f"executable {executable!r} not found" in line
-        assert "Traceback" not in done.stdout + done.stderr
     assert not (tmp_path / "runs").exists()
 
 
 def test_vllm_not_on_path_is_named_by_inference_vllm_executable(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "grpo_tui", "check", "profiles/quickstart-gpu.toml"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        cwd=REPO,
-        env={**os.environ, "PATH": str(tmp_path)},  # wherever vLLM is installed, not here
-    )
-    assert done.returncode == 2, done.stdout + done.stderr
-    assert "executable 'vllm' not found" in problem_line(done.stderr, "inference.vllm_executable")
+    profile = str(REPO / "profiles" / "quickstart-gpu.toml")
+    here = {"PATH": str(tmp_path)}  # wherever vLLM is installed, not here
+    line = refused("check", profile, key="inference.vllm_executable", env=here)
+    assert "executable 'vllm' not found" in line
 
 
 def test_a_port_in_use_is_named_with_its_holder(tmp_path: Path) -> None:
@@ -110,9 +104,7 @@ def test_a_port_in_use_is_named_with_its_holder(tmp_path: Path) -> None:
             """,
         )
         for command in ("check", "run"):
-            done = grpo_tui(command, str(profile))
-            assert done.returncode == 2, done.stdout + done.stderr
-            line = problem_line(done.stderr, "process.worker.port")
+            line = refused(command, str(profile), key="process.worker.port")
             assert f"port {port} is in use by pid {holder.pid}" in line and "http.server" in line
         assert not (tmp_path / "runs").exists()
     finally:
@@ -121,6 +113,6 @@ def test_a_port_in_use_is_named_with_its_holder(tmp_path: Path) -> None:
 
 
 def test_profile_only_skips_what_this_machine_would_refuse(tmp_path: Path) -> None:
-    done = grpo_tui("check", str(quickstart_with(tmp_path, task="no_such_mod:Foo")),
-                    "--profile-only")  # fmt: skip
-    assert done.returncode == 0, done.stderr
+    profile = str(quickstart_with(tmp_path, task="no_such_mod:Foo"))
+    result = CliRunner().invoke(app, ["check", profile, "--profile-only"])
+    assert result.exit_code == 0, result.output

@@ -30,10 +30,11 @@ from fault_injection import (
 
 SEED = suite_seed()
 MODES = ("shared_vllm", "lora_only", "none", "lora_restart", "colocate")
-STEPS = 8
+STEPS = 16
 FAULTS = 10
-"""Faults per mode: 50 over the five modes, each of the trainer, inference, the API and
-the environment at least once in every mode, the supervisor in ``SUPERVISOR_IN``."""
+"""Faults per mode: 50 over the five modes, each of the trainer and inference once, the
+API and the environment at least once (the rest drawn between them), the supervisor in
+``SUPERVISOR_IN``."""
 SUPERVISOR_IN = ("shared_vllm",)
 """The mode whose run also loses its supervisor, then resumes: a whole new start, the
 dearest fault (kept to one mode for CI's time; any mode takes it, e.g. lora_only)."""
