@@ -161,7 +161,7 @@ class FaultRun:
             return next(iter(fresh)) if fresh else None
 
         self.run_dirs.append(wait_until(new_dir, 60, "the run directory"))
-        pid = wait_until(lambda: self._pid("trainer"), RECOVER_S, "the trainer's spawn")
+        pid = wait_until(lambda: self.up("trainer"), RECOVER_S, "the trainer's spawn")
         self.run_ids.append(run_id_of(pid))
 
     @property
@@ -182,7 +182,7 @@ class FaultRun:
         point = resolve_resume(self.run_dir / "checkpoints", self.mode)
         return 0 if point is None else point.step
 
-    def _pid(self, process: str) -> int | None:
+    def up(self, process: str) -> int | None:
         """The pid of ``process`` when it is up (ready) in the current run, else None; never
         one killed already (its death may not be in the events yet)."""
         up = None
@@ -208,7 +208,7 @@ class FaultRun:
 
             def target_up() -> int | None:
                 run.check_alive()
-                return self._pid(fault.target)
+                return self.up(fault.target)
 
             pid = wait_until(target_up, RECOVER_S, f"{fault.target} up for {fault}")
         step, saved = self.step(), self.saved()
