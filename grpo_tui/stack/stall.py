@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
@@ -42,6 +43,11 @@ STEP_METRIC = "loss"
 SYNC_PHASES = ("sleeping", "syncing", "waking")
 ENV_SENT = "env/groups_sent"
 ENV_DROPPED = "env/groups_dropped_equal_scores"
+ENV_ERRORS = "env/errors"
+COUNTED = (ENV_SENT, ENV_DROPPED, ENV_ERRORS)
+LINE_CHARS = 240
+"""The most of a process's last warning line a cause quotes."""
+WARNS = re.compile(r"\b(WARNING|ERROR|CRITICAL|Error|error)\b")
 
 
 @dataclass
@@ -61,7 +67,7 @@ class Progress:
         """Take one metrics record; True when it is a new trainer step."""
         if record.process in envs:
             counts = self.envs.setdefault(record.process, {})
-            counts.update({k: v for k, v in record.data.items() if k in (ENV_SENT, ENV_DROPPED)})
+            counts.update({k: v for k, v in record.data.items() if k in COUNTED})
             return False
         if record.process != trainer:
             return False
@@ -75,12 +81,14 @@ class Progress:
         self.envs_at_step = {name: dict(counts) for name, counts in self.envs.items()}
         return True
 
-    def env_delta(self, key: str) -> int:
-        """How much ``key`` rose over every environment since the last step (a restarted
-        environment counts from 0 again)."""
+    def env_delta(self, key: str, name: str | None = None) -> int:
+        """How much ``key`` rose since the last step, over every environment or in ``name``
+        (a restarted environment counts from 0 again)."""
         total = 0.0
-        for name, counts in self.envs.items():
-            before = self.envs_at_step.get(name, {}).get(key, 0.0)
+        for env, counts in self.envs.items():
+            if name is not None and env != name:
+                continue
+            before = self.envs_at_step.get(env, {}).get(key, 0.0)
             now = counts.get(key, 0.0)
             total += now - before if now >= before else now
         return int(total)
@@ -100,6 +108,19 @@ def process_causes(statuses: Mapping[str, ProcessStatus], trainer: str) -> list[
             causes.append(f"{name} is {doing} ({status.state}{why})")
         elif status.health == "failing":
             causes.append(f"{name} is alive but not answering (its liveness probe fails)")
+    return causes
+
+
+def error_causes(progress: Progress, last_warning: Callable[[str], str | None]) -> list[str]:
+    """Environments that counted errors since the trainer's last step, each with its last
+    warning line (``inference refused (404): The model `policy` does not exist``)."""
+    causes = []
+    for name in sorted(progress.envs):
+        errors = progress.env_delta(ENV_ERRORS, name)
+        if errors:
+            line = last_warning(name)
+            said = f"; its last: {line[:LINE_CHARS]}" if line else ""
+            causes.append(f"{name} counted {errors} errors since the trainer's last step{said}")
     return causes
 
 
@@ -188,6 +209,7 @@ class StallWatch:
             return
         statuses = self.supervisor.status()
         causes = process_causes(statuses, trainer)
+        causes += error_causes(progress, self._last_warning)
         causes += restart_causes(statuses, trainer, progress, now)
         if not causes:
             causes = progress_causes(progress, now, await self._queued(http), self._need())
@@ -199,6 +221,11 @@ class StallWatch:
         self.supervisor.publish(
             Stalled(process=trainer, seconds=quiet, step=progress.step, causes=tuple(causes))
         )
+
+    def _last_warning(self, name: str) -> str | None:
+        """The last line ``name`` printed that warns or errs (from the supervisor's ring)."""
+        lines = self.supervisor.recent_lines(name)
+        return next((line for line in reversed(lines) if WARNS.search(line)), None)
 
     async def _queued(self, http: httpx.AsyncClient) -> str:
         """The API's queued sequences (``/status``), or why it could not say."""

@@ -15,6 +15,7 @@ from conftest import child, spec
 from grpo_tui.stack.stall import (
     Progress,
     StallWatch,
+    error_causes,
     process_causes,
     progress_causes,
     restart_causes,
@@ -61,6 +62,30 @@ def test_processes_that_restarted_since_the_last_step_are_named() -> None:
     assert restart_causes(statuses, "trainer", seen, now=110.0) == [
         "env restarted 6 s ago, since the trainer's last step",
         "the trainer restarted 4 s ago and is training its first step",
+    ]
+
+
+def test_environments_counting_errors_are_named_with_their_last_warning() -> None:
+    def env(name: str, t: float, errors: float) -> MetricsRecord:
+        return MetricsRecord(t=t, process=name, step=None, data={"env/errors": errors})
+
+    seen = Progress()
+    for record in (
+        env("env-0", 1, 2),
+        env("env-1", 1, 0),
+        MetricsRecord(t=2, process="trainer", step=4, data={"loss": 0.1}),
+        env("env-0", 9, 40),
+        env("env-1", 9, 0),
+    ):
+        seen.fold(record, "trainer", {"env-0", "env-1"})
+    said = "WARNING bad_completion: inference refused (404): The model `policy` does not exist."
+    lines = {"env-0": [said, "INFO metrics step=4"], "env-1": []}
+
+    def last(name: str) -> str | None:
+        return next((line for line in reversed(lines[name]) if "WARNING" in line), None)
+
+    assert error_causes(seen, last) == [
+        f"env-0 counted 38 errors since the trainer's last step; its last: {said}"
     ]
 
 
