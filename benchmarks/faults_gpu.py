@@ -20,7 +20,8 @@ go to ``--out`` after every cell (``faults_gpu.json``, ``faults_gpu.md``), so a 
 short still returns what it measured.
 
     python benchmarks/faults_gpu.py --out OUT                        # the device run
-    python benchmarks/faults_gpu.py --out /tmp/f --cpu --cells lora_only   # plumbing, CPU
+    python benchmarks/faults_gpu.py --out /tmp/f --cpu --cells split colocate lora_only \\
+        none lora_restart                         # the built-in server on CPU, every mode
 """
 
 from __future__ import annotations
@@ -49,10 +50,15 @@ CELLS = {
     "split": ("shared_vllm", {"trainer": [0], "inference": [1]}),
     "colocate": ("colocate", {"trainer": [0], "inference": [0]}),
     "lora_only": ("lora_only", {"trainer": [1], "inference": [1]}),
+    "none": ("none", {"trainer": [0], "inference": [0]}),
+    "lora_restart": ("lora_restart", {"trainer": [1], "inference": [1]}),
 }
 """Cell -> (mode, GPUs of each role). ``colocate`` and ``lora_only`` share the machine
-(one GPU each); ``split`` takes both, so it runs alone."""
-PHASES = (("colocate", "lora_only"), ("split",))
+(one GPU each), as do the restart modes; ``split`` takes both, so it runs alone. The
+restart modes run only when named (``--cells``): their weights are fresh only at the
+next sync restart, so the ``fresh`` goal is not theirs."""
+DEFAULT_CELLS = ("split", "colocate", "lora_only")
+PHASES = (("colocate", "lora_only"), ("split",), ("none", "lora_restart"))
 FRESH_GOAL_S = 5.0
 PORT_BASE = 26000
 
@@ -271,7 +277,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--work", type=Path, default=Path("/tmp/faults_gpu"))
-    parser.add_argument("--cells", nargs="+", default=list(CELLS), choices=list(CELLS))
+    parser.add_argument("--cells", nargs="+", default=list(DEFAULT_CELLS), choices=list(CELLS))
     parser.add_argument("--kill-at", type=int, default=15, help="trainer step of the kill")
     parser.add_argument("--steps", type=int, default=400, help="training_steps (outlasts it)")
     parser.add_argument("--budget", type=float, default=200.0, help="seconds per cell")

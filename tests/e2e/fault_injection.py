@@ -73,9 +73,11 @@ class Fault:
 
 
 def schedule(seed: int, mode: str, *, steps: int, count: int, supervisor: bool) -> list[Fault]:
-    """``count`` faults over steps 2 .. ``steps`` / 2, each up to ``MAX_DELAY`` s past its
+    """``count`` faults over steps 3 .. ``steps`` / 2, each up to ``MAX_DELAY`` s past its
     step: each target at least once, the rest drawn with ``WEIGHTS``; with ``supervisor``,
     one of them is the supervisor's (the run is then started again from its checkpoint).
+    From step 3 on, a checkpoint (every 2 steps) exists: a LoRA server restarted with
+    none serves no adapter (see ``test_lora_restart_inference_killed_between_syncs``).
     The second half of the steps is the margin that keeps the run going until the last
     fault (a step of the tiny model takes a quarter of a second)."""
     rng = random.Random(f"{seed}:{mode}")
@@ -85,7 +87,7 @@ def schedule(seed: int, mode: str, *, steps: int, count: int, supervisor: bool) 
     rng.shuffle(targets)
     last = steps // 2
     faults = [
-        Fault(rng.randint(2, last), round(rng.uniform(0.0, MAX_DELAY), 2), t) for t in targets
+        Fault(rng.randint(3, last), round(rng.uniform(0.0, MAX_DELAY), 2), t) for t in targets
     ]
     return sorted(faults, key=lambda f: f.step)
 
