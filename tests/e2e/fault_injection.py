@@ -96,9 +96,9 @@ def quickstart_for_faults(
     path: Path, mode: str, output: Path, trainer: dict[str, Any], stall_after: float
 ) -> Path:
     """The quickstart with free ports, ``trainer`` keys, the watchdog at ``stall_after`` and
-    restart policies that outlast a burst of faults (the product's own policies, but a run
-    of 3 s resets the backoff and 100 restarts are allowed: faults here come faster than the
-    crash loops ``max_restarts`` guards against)."""
+    restart policies that outlast a burst of faults: the product's own policies, but the
+    backoff at most 2 s and reset by a run of 3 s, and 100 restarts allowed. Faults here
+    come faster than the crash loops that backoff and ``max_restarts`` guard against."""
     profile = tomllib.loads(QUICKSTART.read_text())
     profile["run"].update(mode=mode, output_dir=str(output), stall_after=stall_after)
     profile["api"]["port"] = free_port()
@@ -115,6 +115,7 @@ def quickstart_for_faults(
             "restart": {
                 "policy": policy,
                 "backoff_base": base,
+                "backoff_cap": 2.0,
                 "reset_after": 3.0,
                 "max_restarts": 100,
             }
