@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from grpo_tui.supervisor.events import Event, State, StateChanged
@@ -28,6 +29,18 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def alive(pids: list[int]) -> list[int]:
+    """The pids still running (a zombie counts as gone)."""
+    left = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                left.append(pid)
+        except psutil.NoSuchProcess:
+            continue
+    return left
 
 
 def spec(name: str, command: list[str], **fields: Any) -> ProcessSpec:

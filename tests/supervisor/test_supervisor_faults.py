@@ -9,23 +9,11 @@ import signal
 import sys
 import time
 
-import psutil
 import pytest
-from conftest import child, spec
+from conftest import alive, child, spec
 
 from grpo_tui.supervisor.events import NeedLost, NeedRegained, Restarting, State, StateChanged
 from grpo_tui.supervisor.spec import Need, ProcessSpec, RestartPolicy
-
-
-def alive(pids: list[int]) -> list[int]:
-    left = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            continue
-    return left
 
 
 @pytest.mark.timeout(30)  # on main (0a632e5) this waited forever: the pipe stayed open

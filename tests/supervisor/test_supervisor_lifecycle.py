@@ -11,7 +11,7 @@ import time
 
 import psutil
 import pytest
-from conftest import child, free_port, spec
+from conftest import alive, child, free_port, spec
 
 from grpo_tui.supervisor.events import ProbeResult, Restarting, State, StateChanged
 from grpo_tui.supervisor.spec import HttpProbe, RestartPolicy, Shutdown, TcpProbe
@@ -86,17 +86,6 @@ async def test_child_ignoring_sigterm_is_killed_after_timeout(supervise) -> None
     assert took >= 0.5
     status = h.sup.status()["stubborn"]
     assert status.state == State.STOPPED and status.exit_code == -signal.SIGKILL
-
-
-def alive(pids: list[int]) -> list[int]:
-    left = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            continue
-    return left
 
 
 async def test_stop_leaves_no_descendant_even_a_setsid_one(supervise, tmp_path) -> None:

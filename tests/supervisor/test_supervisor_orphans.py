@@ -11,18 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import CHILDREN
-
-
-def alive(pids: list[int]) -> list[int]:
-    left = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            continue
-    return left
+from conftest import CHILDREN, alive
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import psutil
-from conftest import CHILDREN, child, spec
+from conftest import CHILDREN, alive, child, spec
 
 from grpo_tui.plan.launchers import Launch, Placement, Torchrun
 from grpo_tui.supervisor.events import LogBatch, Restarting, State
@@ -36,17 +36,6 @@ def recorded(state: Path) -> list[int]:
         for line in path.read_text().split("\n"):
             pids.update(int(word) for word in line.split())
     return sorted(pids)
-
-
-def alive(pids: list[int]) -> list[int]:
-    left = []
-    for pid in pids:
-        try:
-            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                left.append(pid)
-        except psutil.NoSuchProcess:
-            continue
-    return left
 
 
 async def test_group_logs_ranks_restarts_after_a_crash_and_stops_with_a_checkpoint(
