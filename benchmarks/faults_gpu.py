@@ -60,6 +60,8 @@ next sync restart, so the ``fresh`` goal is not theirs."""
 DEFAULT_CELLS = ("split", "colocate", "lora_only")
 PHASES = (("colocate", "lora_only"), ("split",), ("none", "lora_restart"))
 FRESH_GOAL_S = 5.0
+AFTER_S = 15.0
+"""Seconds a cell keeps watching once it trains on fresh weights again."""
 PORT_BASE = 26000
 
 
@@ -215,8 +217,8 @@ def run_cell(cell: str, args: argparse.Namespace, save: Callable[[], None]) -> C
                     save()
             else:
                 measure(result, run_dir, killed)
-                if result.fresh_s is not None and time.time() > killed + result.fresh_s + 30:
-                    break  # 30 s of training past the recovery: lag and restarts seen
+                if result.fresh_s is not None and time.time() > killed + result.fresh_s + AFTER_S:
+                    break  # training past the recovery: a late restart or lag is seen
             time.sleep(0.5)
         if run_dir is not None and killed is not None:
             measure(result, run_dir, killed)
@@ -278,7 +280,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--work", type=Path, default=Path("/tmp/faults_gpu"))
     parser.add_argument("--cells", nargs="+", default=list(DEFAULT_CELLS), choices=list(CELLS))
-    parser.add_argument("--kill-at", type=int, default=15, help="trainer step of the kill")
+    parser.add_argument("--kill-at", type=int, default=10, help="trainer step of the kill")
     parser.add_argument("--steps", type=int, default=400, help="training_steps (outlasts it)")
     parser.add_argument("--budget", type=float, default=200.0, help="seconds per cell")
     parser.add_argument("--cpu", action="store_true", help="built-in server on CPU (plumbing)")
