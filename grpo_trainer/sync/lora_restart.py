@@ -1,8 +1,9 @@
 """Mode ``lora_restart``: save the adapter, the supervisor restarts inference with it.
 
 For servers where runtime LoRA loading is slow or off (vLLM without eager mode loads a
-preloaded adapter much faster). The starting adapter is hot-loaded in ``attach`` (both
-LoRA modes run with runtime LoRA updating on) so the first rollouts need no restart.
+preloaded adapter much faster). The starting adapter is loaded at run time in ``attach``
+(both LoRA modes start inference with LoRA slots) so the first rollouts need no restart;
+after each restart the adapter is preloaded under ``served_model_name``.
 """
 
 from __future__ import annotations
@@ -41,5 +42,7 @@ class AdapterRestartSync(HotSwapSync):
         path = save_adapter(model, self.context.checkpoint_dir, f"adapter_step_{step}")
         args = {"model": adapter_base(path), "lora_path": str(path.resolve())}
         restart_inference(self.link, self.client, args, timeout=self.restart_timeout)
+        self.loaded = []  # a new server: none of the adapters loaded at run time
+        self.served_model = self._request_name(self.context.served_model_name)
         prune_served(self.context.checkpoint_dir, keep=path)
         return SyncResult(sync_time=time.perf_counter() - start, policy_version=step)

@@ -26,16 +26,6 @@ class SupervisorStopping(SyncError):
     """
 
 
-RESTART_MODES = ("none", "lora_restart")
-"""The weight-sync modes whose every sync asks the supervisor to restart inference."""
-
-
-def restarts_inference(mode: str, backend: str) -> bool:
-    """Whether a sync in ``mode`` restarts the inference server of ``backend``: not
-    ``none`` on SGLang, which reloads full weights in place (``sync/sglang.py``)."""
-    return mode in RESTART_MODES and not (mode == "none" and backend == "sglang")
-
-
 def supervisor_missing(mode: str) -> str:
     """Why ``mode`` cannot sync without a supervisor, as one line for the user."""
     return (
