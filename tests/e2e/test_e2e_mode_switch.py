@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -40,13 +39,10 @@ from e2e_stack import (
     trainer_steps,
 )
 from e2e_stack import quickstart_copy as make_profile
+from grpo_stack_run import Stack
 
-from grpo_tui.headless import write_run_dir
 from grpo_tui.plan.profile import load_profile
 from grpo_tui.plan.roles import Plan, build_plan
-from grpo_tui.stack.modes import SwitchPlanner
-from grpo_tui.stack.stack import GrpoStack
-from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
 
 STEPS = 15
 START_MODE = "lora_only"
@@ -55,42 +51,6 @@ SWITCH_AT = (("shared_vllm", 4), ("colocate", 8), ("lora_only", 11))
 
 SYNC_EVERY = 2
 GROUPS_PER_STEP = quickstart_value("trainer", "batch_size") // quickstart_value("env", "group_size")
-
-
-class Stack:
-    """A supervised run of a plan, as a task of this event loop."""
-
-    def __init__(self, plan: Plan, planner: SwitchPlanner | None) -> None:
-        self.plan = plan
-        write_run_dir(plan)
-        self.supervisor = Supervisor(
-            plan.specs, plan.run_dir, exit_with=plan.exit_with, respec=plan.respec
-        )
-        self.grpo = GrpoStack(self.supervisor, planner=planner)
-        self.task: asyncio.Task[RunOutcome] = asyncio.create_task(self.grpo.run())
-
-    def latest_step(self) -> int:
-        series = self.supervisor.metrics.series("loss")
-        return int(series[-1][1] or 0) if series else 0
-
-    async def until(self, condition: Callable[[], bool], deadline_s: float, what: str) -> None:
-        """Poll ``condition`` (a real state of the run) until true; fail on run end."""
-        async with asyncio.timeout(deadline_s):
-            while not condition():
-                if self.task.done():
-                    raise AssertionError(f"run ended while waiting for {what}: {self.task}")
-                await asyncio.sleep(0.1)
-
-
-@pytest.fixture
-async def stacks() -> AsyncIterator[list[Stack]]:
-    """Stacks started by a test; any still running at teardown are shut down in order."""
-    started: list[Stack] = []
-    yield started
-    for stack in started:
-        if not stack.task.done():
-            await stack.supervisor.shutdown("test teardown")
-        await asyncio.gather(stack.task, return_exceptions=True)
 
 
 def switching_profile(tmp_path: Path, inference: dict[str, object]) -> Plan:
