@@ -117,7 +117,8 @@ async def run_lane(way: str, switches: int, steps_between: int, root: Path) -> L
             started = time.perf_counter()
             await stack.switch_mode(target)
             lane.switches.append((current, target, time.perf_counter() - started))
-            print(f"{way}: {current} -> {target} {lane.switches[-1][2]:.2f} s", flush=True)
+            seconds = lane.switches[-1][2]
+            print(f"{way}: {current} -> {target} {seconds:.2f} s", file=sys.stderr, flush=True)
             current = target
         reached = step() + steps_between
         await until(lambda r=reached: step() >= r, f"step {reached}")
@@ -132,10 +133,20 @@ async def run_lane(way: str, switches: int, steps_between: int, root: Path) -> L
     return lane
 
 
+def records(path: Path) -> list[dict[str, object]]:
+    """The complete JSON lines of ``path`` (none before the run wrote it)."""
+    if not path.is_file():
+        return []
+    found = []
+    for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            found.append(json.loads(line))
+    return found
+
+
 def spawned(run_dir: Path, names: tuple[str, ...]) -> dict[str, list[int]]:
     found: dict[str, list[int]] = {name: [] for name in names}
-    for line in (run_dir / "events.jsonl").read_text().splitlines():
-        event = json.loads(line)
+    for event in records(run_dir / "events.jsonl"):
         starting = event.get("type") == "StateChanged" and event.get("new") == "starting"
         if starting and event["process"] in found and event.get("pid"):
             found[event["process"]].append(event["pid"])
@@ -145,10 +156,9 @@ def spawned(run_dir: Path, names: tuple[str, ...]) -> dict[str, list[int]]:
 def sync_times(run_dir: Path, start: str) -> dict[str, list[float]]:
     """``sync_time`` per mode, the mode read from the trainer's in-place events and the
     spawns' command lines, in step order."""
-    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     steps = {
         int(r["step"]): r["data"]
-        for r in records
+        for r in records(run_dir / "metrics.jsonl")
         if r.get("process") == "trainer" and r.get("step") is not None and "loss" in r["data"]
     }
     modes = mode_by_step(run_dir, start, max(steps, default=0))
@@ -162,14 +172,12 @@ def sync_times(run_dir: Path, start: str) -> dict[str, list[float]]:
 def mode_by_step(run_dir: Path, start: str, last: int) -> dict[int, str]:
     """The mode each step trained in, from the stack's ``mode X active ... after step N``."""
     changes: list[tuple[int, str]] = []
-    for line in (run_dir / "events.jsonl").read_text().splitlines():
-        event = json.loads(line)
+    for event in records(run_dir / "events.jsonl"):
         message = event.get("message", "") if event.get("type") == "Notice" else ""
         if message.startswith("mode ") and "active" in message:
             changes.append((event["t"], message.split()[1]))
     stamps = {}
-    for line in (run_dir / "metrics.jsonl").read_text().splitlines():
-        record = json.loads(line)
+    for record in records(run_dir / "metrics.jsonl"):
         if record.get("process") == "trainer" and record.get("step") is not None:
             stamps[int(record["step"])] = float(record["t"])
     modes = {}
@@ -229,24 +237,47 @@ async def none_restart_syncs(steps: int, root: Path) -> list[float]:
     return sync_times(plan.run_dir, "none").get("none", [])
 
 
-async def main() -> None:
+async def one_lane(lane: str, args: argparse.Namespace) -> dict[str, object]:
+    """One lane in this process (each lane runs in a fresh interpreter, as runs do)."""
+    prefix = "none-restart-" if lane == "none restart" else "mode-switch-"
+    with tempfile.TemporaryDirectory(prefix=prefix) as root:
+        if lane == "none restart":
+            return {"syncs": await none_restart_syncs(args.none_restarts, Path(root))}
+        result = await run_lane(lane, args.switches, args.steps_between, Path(root))
+        return {"switches": result.switches, "pids": result.pids, "syncs": result.syncs}
+
+
+def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--switches", type=int, default=8)
     parser.add_argument("--steps-between", type=int, default=2)
     parser.add_argument("--none-restarts", type=int, default=3, help="restarting none syncs")
     parser.add_argument("--out", type=Path, default=None, help="write the tables here too")
+    parser.add_argument("--lane", choices=[*WAYS, "none restart"], help=argparse.SUPPRESS)
     args = parser.parse_args()
-    lanes = []
-    for way in WAYS:
-        with tempfile.TemporaryDirectory(prefix="mode-switch-") as root:
-            lanes.append(await run_lane(way, args.switches, args.steps_between, Path(root)))
-    with tempfile.TemporaryDirectory(prefix="none-restart-") as root:
-        restarts = await none_restart_syncs(args.none_restarts, Path(root))
-    text = report(lanes, import_seconds(), restarts)
+    if args.lane is not None:
+        print(json.dumps(asyncio.run(one_lane(args.lane, args))), flush=True)
+        return
+    answers = {}
+    for lane in [*WAYS, "none restart"]:
+        command = [sys.executable, __file__, "--lane", lane, "--switches", str(args.switches),
+                   "--steps-between", str(args.steps_between),
+                   "--none-restarts", str(args.none_restarts)]  # fmt: skip
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        sys.stderr.write(done.stderr[-2000:] if done.returncode else "")
+        done.check_returncode()
+        answers[lane] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"{lane}: done", flush=True)
+    lanes = [
+        Lane(way, [tuple(s) for s in answers[way]["switches"]], answers[way]["pids"],
+             answers[way]["syncs"])
+        for way in WAYS
+    ]  # fmt: skip
+    text = report(lanes, import_seconds(), answers["none restart"]["syncs"])
     print(text)
     if args.out is not None:
         args.out.write_text(text + "\n")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()
