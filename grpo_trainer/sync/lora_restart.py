@@ -17,7 +17,7 @@ from grpo_trainer.models import adapter_base
 from grpo_trainer.sync.artifacts import prune_served, save_adapter
 from grpo_trainer.sync.base import SyncContext, SyncResult
 from grpo_trainer.sync.lora_only import HotSwapSync
-from grpo_trainer.sync.restart import require_link, restart_inference
+from grpo_trainer.sync.restart import InferenceRestarts
 
 
 class AdapterRestartSync(HotSwapSync):
@@ -25,23 +25,16 @@ class AdapterRestartSync(HotSwapSync):
 
     mode = "lora_restart"
 
-    def __init__(
-        self,
-        context: SyncContext,
-        *,
-        link: SupervisorLink | None = None,
-        restart_timeout: float = 600.0,
-    ) -> None:
+    def __init__(self, context: SyncContext, *, link: SupervisorLink | None = None) -> None:
         super().__init__(context)
-        self.link = require_link(link, self.mode)
-        self.restart_timeout = restart_timeout
+        self.restarts = InferenceRestarts(self.mode, link)
 
     def sync(self, model: nn.Module, step: int) -> SyncResult:
         """Write ``served/adapter_step_N``; restart inference on its base with it preloaded."""
         start = time.perf_counter()
         path = save_adapter(model, self.context.checkpoint_dir, f"adapter_step_{step}")
         args = {"model": adapter_base(path), "lora_path": str(path.resolve())}
-        restart_inference(self.link, self.client, args, timeout=self.restart_timeout)
+        self.restarts.restart(self.client, args)
         self.loaded = []  # a new server: none of the adapters loaded at run time
         self.served_model = self._request_name(self.context.served_model_name)
         prune_served(self.context.checkpoint_dir, keep=path)

@@ -23,7 +23,7 @@ from grpo_trainer.models import load_tokenizer
 from grpo_trainer.sync.artifacts import prune_served, save_full
 from grpo_trainer.sync.base import SyncContext, SyncResult, WeightSync
 from grpo_trainer.sync.client import InferenceClient, base_model_name
-from grpo_trainer.sync.restart import require_link, restart_inference
+from grpo_trainer.sync.restart import InferenceRestarts
 from grpo_trainer.sync.sglang import update_from_disk
 
 RELOAD_METHOD = "grpo_reload_weights"
@@ -95,18 +95,9 @@ class ReloadSync(FullWeightsSync):
 class RestartSync(FullWeightsSync):
     """The supervisor restarts inference on the folder; waits until it is healthy."""
 
-    def __init__(
-        self,
-        context: SyncContext,
-        *,
-        link: SupervisorLink | None = None,
-        restart_timeout: float = 600.0,
-    ) -> None:
+    def __init__(self, context: SyncContext, *, link: SupervisorLink | None = None) -> None:
         super().__init__(context)
-        self.link = require_link(link, self.mode)
-        self.restart_timeout = restart_timeout
+        self.restarts = InferenceRestarts(self.mode, link)
 
     def serve(self, path: Path, step: int) -> None:
-        restart_inference(
-            self.link, self.client, {"model": str(path)}, timeout=self.restart_timeout
-        )
+        self.restarts.restart(self.client, {"model": str(path)})

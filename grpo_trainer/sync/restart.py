@@ -43,6 +43,21 @@ def require_link(link: SupervisorLink | None, mode: str) -> SupervisorLink:
     return link
 
 
+class InferenceRestarts:
+    """What a strategy whose syncs restart inference holds: the supervisor link (required:
+    ``SyncError`` without one) and how long a restart may take."""
+
+    def __init__(
+        self, mode: str, link: SupervisorLink | None = None, timeout: float = 600.0
+    ) -> None:
+        self.link = require_link(link, mode)
+        self.timeout = timeout
+
+    def restart(self, client: InferenceClient, args: dict[str, Any]) -> None:
+        """``restart_inference`` with this strategy's link and timeout."""
+        restart_inference(self.link, client, args, timeout=self.timeout)
+
+
 def restart_inference(
     link: SupervisorLink,
     client: InferenceClient,

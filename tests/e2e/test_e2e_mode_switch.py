@@ -70,9 +70,9 @@ def switching_profile(tmp_path: Path, inference: dict[str, object]) -> Plan:
     return build_plan(load_profile(path))
 
 
-async def run_switches(stack: Stack) -> tuple[str, list[int]]:
-    """Each switch once its step is reached; returns the run id and the last step before
-    each switch."""
+async def switches_to_the_end(stack: Stack) -> list[int]:
+    """Each switch once its step is reached, then the run to its end: exit 0, nothing of it
+    left running, nothing lost. Returns the last step before each switch."""
     run_dir = stack.plan.run_dir
     await stack.until(lambda: bool(spawns(run_dir, "trainer")), 120, "the trainer's spawn")
     run_id = run_id_of(spawns(run_dir, "trainer")[0][0])
@@ -81,7 +81,12 @@ async def run_switches(stack: Stack) -> tuple[str, list[int]]:
         await stack.until(lambda s=step: stack.latest_step() >= s, 180, f"step {step}")
         await stack.grpo.switch_mode(mode)
         ended_at.append(max(s for s, _ in trainer_steps(run_dir)))
-    return run_id, ended_at
+    outcome = await asyncio.wait_for(stack.task, 240)
+    assert outcome.exit_code == 0, outcome
+    assert tagged(run_id) == [], "processes of the run outlived it"
+    print(f"mode switches after steps {ended_at}")
+    assert_nothing_lost(run_dir)
+    return ended_at
 
 
 def assert_nothing_lost(run_dir: Path) -> None:
@@ -105,12 +110,7 @@ async def test_switches_in_place_keep_inference_and_trainer_running(
     stack = Stack(plan, plan.mode_switch)
     stacks.append(stack)
     run_dir = plan.run_dir
-    run_id, ended_at = await run_switches(stack)
-    outcome = await asyncio.wait_for(stack.task, 240)
-    assert outcome.exit_code == 0, outcome
-    assert tagged(run_id) == [], "processes of the run outlived it"
-    print(f"mode switches after steps {ended_at}")
-    assert_nothing_lost(run_dir)
+    await switches_to_the_end(stack)
 
     assert len(spawns(run_dir, "trainer")) == 1, "the trainer kept its pid through every switch"
     assert len(spawns(run_dir, "inference")) == 1, "inference kept its pid through every switch"
@@ -134,12 +134,7 @@ async def test_lora_to_shared_vllm_to_colocate_to_lora_keeps_steps_and_rollouts(
     stack = Stack(plan, None)
     stacks.append(stack)
     run_dir = plan.run_dir
-    run_id, ended_at = await run_switches(stack)
-    outcome = await asyncio.wait_for(stack.task, 240)
-    assert outcome.exit_code == 0, outcome
-    assert tagged(run_id) == [], "processes of the run outlived it"
-    print(f"mode switches after steps {ended_at}")
-    assert_nothing_lost(run_dir)
+    ended_at = await switches_to_the_end(stack)
 
     trainers = spawns(run_dir, "trainer")
     assert len(trainers) == len(SWITCH_AT) + 1

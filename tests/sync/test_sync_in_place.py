@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -25,27 +25,12 @@ import torch
 from peft import LoraConfig, get_peft_model
 from sync_helpers import ModeServer, server_logprobs, trainer_logprobs
 
-from grpo_trainer.models import build_tiny_model, load_model, load_tokenizer
+from grpo_trainer.models import load_model, load_tokenizer
 from grpo_trainer.sync.base import SyncContext, WeightSync
 from grpo_trainer.sync.registry import make_strategy
 
 ATOL = 1e-5
 RUNNING = re.compile(r"vllm:num_requests_running\{[^}]*\} [1-9]")
-
-
-@pytest.fixture(scope="module")
-def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("in-place-model") / "model", seed=4)
-
-
-@pytest.fixture
-def server(
-    request: pytest.FixtureRequest, tmp_path: Path, base_model: Path
-) -> Iterator[ModeServer]:
-    mode_server = ModeServer(request.param, base_model, tmp_path)
-    mode_server.start()
-    yield mode_server
-    mode_server.stop()
 
 
 class Load:
@@ -96,6 +81,16 @@ def context(server: ModeServer, tmp_path: Path) -> SyncContext:
     return SyncContext(server.url, "policy", tmp_path / "checkpoints", "builtin")
 
 
+def lora_strategy(
+    server: ModeServer, tmp_path: Path, base_model: Path
+) -> tuple[WeightSync, torch.nn.Module]:
+    """``lora_only``'s strategy attached with a fresh adapter (rank 4 on ``q_proj``)."""
+    strategy = make_strategy("lora_only", context(server, tmp_path))
+    torch.manual_seed(0)
+    peft = get_peft_model(load_model(base_model), LoraConfig(r=4, target_modules=["q_proj"]))
+    return strategy, strategy.attach(peft)
+
+
 def nudge(model: torch.nn.Module, seed: int) -> None:
     """Change every trainable parameter (an optimizer step's stand-in: only values matter)."""
     generator = torch.Generator().manual_seed(seed)
@@ -105,10 +100,11 @@ def nudge(model: torch.nn.Module, seed: int) -> None:
                 param.add_(torch.randn(param.shape, generator=generator) * 0.05)
 
 
-@pytest.mark.parametrize("server", ["none"], indirect=True)
+@pytest.mark.parametrize("mode_server", ["none"], indirect=True)
 def test_none_reloads_in_place_while_requests_are_served(
-    server: ModeServer, tmp_path: Path, base_model: Path
+    mode_server: ModeServer, tmp_path: Path, base_model: Path
 ) -> None:
+    server = mode_server
     tokenizer = load_tokenizer(base_model)
     prompt, completion = tokenizer.encode("repeat 3:"), tokenizer.encode(" 333")
     strategy = make_strategy("none", context(server, tmp_path))
@@ -139,16 +135,14 @@ def test_none_reloads_in_place_while_requests_are_served(
     assert during, "no request was in flight while the server reloaded"
 
 
-@pytest.mark.parametrize("server", ["lora_only"], indirect=True)
+@pytest.mark.parametrize("mode_server", ["lora_only"], indirect=True)
 def test_lora_syncs_move_the_served_name_without_pausing_or_failing_a_request(
-    server: ModeServer, tmp_path: Path, base_model: Path
+    mode_server: ModeServer, tmp_path: Path, base_model: Path
 ) -> None:
+    server = mode_server
     tokenizer = load_tokenizer(base_model)
     prompt, completion = tokenizer.encode("repeat 5:"), tokenizer.encode(" 555")
-    strategy = make_strategy("lora_only", context(server, tmp_path))
-    torch.manual_seed(0)
-    peft = get_peft_model(load_model(base_model), LoraConfig(r=4, target_modules=["q_proj"]))
-    model = strategy.attach(peft)
+    strategy, model = lora_strategy(server, tmp_path, base_model)
     paths = record_paths(strategy)
     names = [strategy.served_model]
     try:
@@ -172,14 +166,12 @@ def test_lora_syncs_move_the_served_name_without_pausing_or_failing_a_request(
     assert len(adapters) <= 2 and names[-1] in adapters, adapters
 
 
-@pytest.mark.parametrize("server", ["lora_only"], indirect=True)
+@pytest.mark.parametrize("mode_server", ["lora_only"], indirect=True)
 def test_an_adapter_reloaded_in_place_under_running_requests_is_refused(
-    server: ModeServer, tmp_path: Path, base_model: Path
+    mode_server: ModeServer, tmp_path: Path, base_model: Path
 ) -> None:
-    strategy = make_strategy("lora_only", context(server, tmp_path))
-    torch.manual_seed(0)
-    peft = get_peft_model(load_model(base_model), LoraConfig(r=4, target_modules=["q_proj"]))
-    strategy.attach(peft)
+    server = mode_server
+    strategy, _ = lora_strategy(server, tmp_path, base_model)
     name, path = str(strategy.served_model), str(tmp_path / "checkpoints/served/adapter_start")
     body = {"model": name, "prompt": [5, 6], "n": 4, "max_tokens": 480, "ignore_eos": True}
     with httpx.Client(base_url=server.url, timeout=120) as http:

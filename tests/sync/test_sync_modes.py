@@ -15,28 +15,13 @@ from sync_helpers import ModeServer, SocketSupervisor, server_logprobs, trainer_
 from torch import nn
 
 from grpo_trainer.control import SupervisorLink
-from grpo_trainer.models import build_tiny_model, load_model, load_tokenizer
+from grpo_trainer.models import load_model, load_tokenizer
 from grpo_trainer.sync.base import SyncContext, WeightSync
 from grpo_trainer.sync.registry import make_strategy
 
 ATOL = 1e-5
 """float32; the server and the trainer run the same ops, differences are rounding only."""
 MIN_CHANGE = 1e-3
-
-
-@pytest.fixture(scope="module")
-def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("sync-model") / "model", seed=2)
-
-
-@pytest.fixture
-def mode_server(
-    request: pytest.FixtureRequest, tmp_path: Path, base_model: Path
-) -> Iterator[ModeServer]:
-    server = ModeServer(request.param, base_model, tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
