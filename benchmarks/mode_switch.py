@@ -1,22 +1,29 @@
-"""Mode switches and syncs of the inference lifecycle, on the CPU quickstart (issue 26).
+"""Mode switches, syncs and inference restarts of the inference lifecycle (issues 26, 27).
 
-    python benchmarks/mode_switch.py [--switches 8] [--steps-between 2] [--out FILE]
+    python benchmarks/mode_switch.py [--profile profiles/quickstart.toml] [--switches 8]
+        [--steps-between 2] [--lanes "in place" "trainer restart" "both restart"
+        "none restart" reattach] [--out FILE]
 
-One run of ``profiles/quickstart.toml`` (tiny model, built-in server, CPU) under the real
-Supervisor and GRPO stack, per way of switching, each cycling through the switches
-``shared_vllm -> colocate -> none -> lora_only -> shared_vllm ...``, ``--steps-between``
-trainer steps apart:
+One run of ``--profile`` (default the CPU quickstart; ``profiles/quickstart-gpu.toml`` for
+vLLM on a GPU) under the real Supervisor and GRPO stack per lane, each lane in its own
+interpreter:
 
-- **in place**: the plan's answer (inference keeps serving, the trainer switches in its own
-  process at a step boundary);
-- **trainer restart**: inference keeps serving, the trainer checkpoints, exits and resumes
-  in the new mode (what a multi-rank trainer does);
-- **both restart**: the switch before issue 26 (inference restarts, then the trainer).
+- **in place**: the switches ``shared_vllm -> colocate -> none -> lora_only -> ...`` as the
+  plan answers them (inference keeps serving, the trainer switches in its own process at a
+  step boundary), ``--steps-between`` trainer steps apart;
+- **trainer restart**: the same switches with the trainer restarting into each mode
+  (inference kept: what a multi-rank trainer does);
+- **both restart**: the same switches as before issue 26 (inference restarts, then the
+  trainer);
+- **none restart**: ``none`` with ``none_reload = "restart"``: its sync restarts inference;
+- **reattach**: inference SIGKILLed (by pid: the run's own child) mid-run in ``shared_vllm``;
+  the seconds from the kill to inference ready again, to the trainer's re-attach, and to
+  its next step, and whether the trainer kept its pid.
 
 Printed side by side: each switch's seconds from the request to the mode being active (the
-stack's ``switch_mode`` returning), the pids kept, and each mode's sync seconds (the
-trainer's ``sync_time``: ``none`` reloading in place vs restarting inference), and the
-trainer's import time, which a trainer restart pays before anything else.
+stack's ``switch_mode`` returning), the pids each role had, each mode's sync (the trainer's
+``sync_time``), the re-attach timeline, and the trainer's import time (what a restarted
+trainer pays first).
 """
 
 from __future__ import annotations
@@ -26,6 +33,8 @@ import asyncio
 import contextlib
 import json
 import os
+import shutil
+import signal
 import socket
 import statistics
 import subprocess
@@ -34,8 +43,8 @@ import tempfile
 import time
 import tomllib
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 
@@ -44,12 +53,14 @@ from grpo_tui.plan.profile import load_profile
 from grpo_tui.plan.roles import Plan, build_plan
 from grpo_tui.stack.modes import SwitchPlan, SwitchPlanner
 from grpo_tui.stack.stack import GrpoStack
-from grpo_tui.supervisor.supervisor import Supervisor
+from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
 
 REPO = Path(__file__).resolve().parents[1]
 CYCLE = ("shared_vllm", "colocate", "none", "lora_only")
 START = "lora_only"
-WAYS = ("in place", "trainer restart", "both restart")
+SWITCHING = ("in place", "trainer restart", "both restart")
+LANES = (*SWITCHING, "none restart", "reattach")
+REATTACHED = "weight path re-established"
 
 
 def free_port() -> int:
@@ -58,82 +69,65 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def profile(root: Path, mode: str, extra: dict[str, object]) -> Path:
-    """The quickstart in ``mode`` with free ports, its output under ``root`` and ``extra``
-    in ``[inference]`` (``none_reload`` for the restarting ``none``)."""
-    text = tomllib.loads((REPO / "profiles" / "quickstart.toml").read_text())
+def profile(source: Path, root: Path, mode: str, extra: dict[str, object]) -> Path:
+    """``source`` in ``mode`` with free ports, its output under ``root`` and ``extra`` in
+    ``[inference]`` (``none_reload`` for the restarting ``none``); vLLM through this
+    interpreter when its CLI is not on PATH."""
+    text = tomllib.loads(source.read_text())
     text["run"].update(mode=mode, output_dir=str(root / "runs"))
     text["api"]["port"] = free_port()
     text["inference"].update(port=free_port(), **extra)
+    if text["inference"].get("backend") == "vllm" and shutil.which("vllm") is None:
+        text["inference"]["vllm_executable"] = [sys.executable, "-m", "vllm.entrypoints.cli.main"]
     text["trainer"].update(training_steps=10_000, checkpoint_interval=10_000)
-    path = root / "quickstart.toml"
+    path = root / source.name
     path.write_text(tomli_w.dumps(text))
     return path
 
 
-@dataclass
-class Lane:
-    way: str
-    switches: list[tuple[str, str, float]] = field(default_factory=list)
-    """(from, to, seconds) per switch."""
-    pids: dict[str, int] = field(default_factory=dict)
-    """How many pids each role had over the run."""
-    syncs: dict[str, list[float]] = field(default_factory=dict)
-
-
-def planner_for(way: str, plan: Plan) -> SwitchPlanner | None:
-    if way == "in place":
+def planner_for(lane: str, plan: Plan) -> SwitchPlanner | None:
+    if lane == "in place":
         return plan.mode_switch
-    if way == "trainer restart":
+    if lane == "trainer restart":
         return lambda mode: SwitchPlan(inference=None, trainer="measured: trainer restart")
     return None
 
 
-async def run_lane(way: str, switches: int, steps_between: int, root: Path) -> Lane:
-    plan = build_plan(load_profile(profile(root, START, {})))
-    write_run_dir(plan)
-    supervisor = Supervisor(plan.specs, plan.run_dir, exit_with=plan.exit_with, respec=plan.respec)
-    stack = GrpoStack(supervisor, planner=planner_for(way, plan))
-    task = asyncio.create_task(stack.run())
-    lane = Lane(way)
+class Run:
+    """One supervised run of a profile in this process's event loop."""
 
-    def step() -> int:
-        series = supervisor.metrics.series("loss")
+    def __init__(self, path: Path, lane: str) -> None:
+        self.plan = build_plan(load_profile(path))
+        write_run_dir(self.plan)
+        plan = self.plan
+        self.supervisor = Supervisor(
+            plan.specs, plan.run_dir, exit_with=plan.exit_with, respec=plan.respec
+        )
+        self.stack = GrpoStack(self.supervisor, planner=planner_for(lane, plan))
+        self.task: asyncio.Task[RunOutcome] = asyncio.create_task(self.stack.run())
+
+    def step(self) -> int:
+        series = self.supervisor.metrics.series("loss")
         return int(series[-1][1] or 0) if series else 0
 
-    async def until(condition: Callable[[], bool], what: str) -> None:
-        async with asyncio.timeout(600):
+    async def until(self, condition: Callable[[], bool], what: str) -> None:
+        async with asyncio.timeout(900):
             while not condition():
-                if task.done():
-                    raise RuntimeError(f"the run ended while waiting for {what}: {task}")
+                if self.task.done():
+                    raise RuntimeError(f"the run ended while waiting for {what}: {self.task}")
                 await asyncio.sleep(0.05)
 
-    try:
-        current = START
-        for index in range(switches):
-            target = CYCLE[index % len(CYCLE)]
-            reached = step() + steps_between
-            await until(lambda r=reached: step() >= r, f"step {reached}")
-            started = time.perf_counter()
-            await stack.switch_mode(target)
-            lane.switches.append((current, target, time.perf_counter() - started))
-            seconds = lane.switches[-1][2]
-            print(f"{way}: {current} -> {target} {seconds:.2f} s", file=sys.stderr, flush=True)
-            current = target
-        reached = step() + steps_between
-        await until(lambda r=reached: step() >= r, f"step {reached}")
-    finally:
-        await supervisor.shutdown("benchmark done")
+    async def steps(self, count: int) -> None:
+        reached = self.step() + count
+        await self.until(lambda: self.step() >= reached, f"step {reached}")
+
+    async def close(self) -> None:
+        await self.supervisor.shutdown("benchmark done")
         with contextlib.suppress(Exception):
-            await task
-    lane.pids = {
-        name: len(pids) for name, pids in spawned(plan.run_dir, ("trainer", "inference")).items()
-    }
-    lane.syncs = sync_times(plan.run_dir, START)
-    return lane
+            await self.task
 
 
-def records(path: Path) -> list[dict[str, object]]:
+def records(path: Path) -> list[dict[str, Any]]:
     """The complete JSON lines of ``path`` (none before the run wrote it)."""
     if not path.is_file():
         return []
@@ -144,136 +138,194 @@ def records(path: Path) -> list[dict[str, object]]:
     return found
 
 
-def spawned(run_dir: Path, names: tuple[str, ...]) -> dict[str, list[int]]:
-    found: dict[str, list[int]] = {name: [] for name in names}
+def pids(run_dir: Path) -> dict[str, int]:
+    """How many processes each of trainer and inference had over the run."""
+    found: dict[str, int] = {"trainer": 0, "inference": 0}
     for event in records(run_dir / "events.jsonl"):
         starting = event.get("type") == "StateChanged" and event.get("new") == "starting"
         if starting and event["process"] in found and event.get("pid"):
-            found[event["process"]].append(event["pid"])
+            found[event["process"]] += 1
     return found
 
 
 def sync_times(run_dir: Path, start: str) -> dict[str, list[float]]:
-    """``sync_time`` per mode, the mode read from the trainer's in-place events and the
-    spawns' command lines, in step order."""
-    steps = {
-        int(r["step"]): r["data"]
-        for r in records(run_dir / "metrics.jsonl")
-        if r.get("process") == "trainer" and r.get("step") is not None and "loss" in r["data"]
-    }
-    modes = mode_by_step(run_dir, start, max(steps, default=0))
+    """``sync_time`` per mode; each step's mode is the last one the stack said was active
+    before the step's record."""
+    changes = [
+        (float(e["t"]), e["message"].split()[1])
+        for e in records(run_dir / "events.jsonl")
+        if e.get("type") == "Notice"
+        and e.get("message", "").startswith("mode ")
+        and "active" in e["message"]
+    ]
     times: dict[str, list[float]] = {}
-    for number, data in sorted(steps.items()):
-        if "sync_time" in data:
-            times.setdefault(modes[number], []).append(float(data["sync_time"]))
+    for record in records(run_dir / "metrics.jsonl"):
+        data = record.get("data") or {}
+        if record.get("process") != "trainer" or "sync_time" not in data:
+            continue
+        mode = start
+        for t, changed in changes:
+            if float(record["t"]) > t:
+                mode = changed
+        times.setdefault(mode, []).append(float(data["sync_time"]))
     return times
 
 
-def mode_by_step(run_dir: Path, start: str, last: int) -> dict[int, str]:
-    """The mode each step trained in, from the stack's ``mode X active ... after step N``."""
-    changes: list[tuple[int, str]] = []
-    for event in records(run_dir / "events.jsonl"):
-        message = event.get("message", "") if event.get("type") == "Notice" else ""
-        if message.startswith("mode ") and "active" in message:
-            changes.append((event["t"], message.split()[1]))
-    stamps = {}
-    for record in records(run_dir / "metrics.jsonl"):
-        if record.get("process") == "trainer" and record.get("step") is not None:
-            stamps[int(record["step"])] = float(record["t"])
-    modes = {}
-    for number in range(1, last + 1):
-        mode = start
-        for t, changed in changes:
-            if stamps.get(number, 0.0) > t:
-                mode = changed
-        modes[number] = mode
-    return modes
+async def switching(source: Path, lane: str, args: argparse.Namespace, root: Path) -> dict:
+    run = Run(profile(source, root, START, {}), lane)
+    switches: list[tuple[str, str, float]] = []
+    try:
+        current = START
+        for index in range(args.switches):
+            target = CYCLE[index % len(CYCLE)]
+            await run.steps(args.steps_between)
+            started = time.perf_counter()
+            await run.stack.switch_mode(target)
+            switches.append((current, target, time.perf_counter() - started))
+            print(f"{lane}: {current} -> {target} {switches[-1][2]:.2f} s", file=sys.stderr)
+            current = target
+        await run.steps(args.steps_between)
+    finally:
+        await run.close()
+    run_dir = run.plan.run_dir
+    return {"switches": switches, "pids": pids(run_dir), "syncs": sync_times(run_dir, START)}
+
+
+async def none_restarting(source: Path, args: argparse.Namespace, root: Path) -> dict:
+    """``sync_time`` of ``none`` restarting inference at each sync (the old behaviour)."""
+    run = Run(profile(source, root, "none", {"none_reload": "restart"}), "none restart")
+    run_dir = run.plan.run_dir
+    try:
+        await run.until(
+            lambda: len(sync_times(run_dir, "none").get("none", [])) >= args.none_restarts,
+            f"{args.none_restarts} restarting syncs",
+        )
+    finally:
+        await run.close()
+    return {"syncs": sync_times(run_dir, "none")}
+
+
+async def reattach(source: Path, args: argparse.Namespace, root: Path) -> dict:
+    """Inference SIGKILLed in ``shared_vllm``: kill -> ready -> re-attached -> next step."""
+    run = Run(profile(source, root, "shared_vllm", {}), "reattach")
+    run_dir = run.plan.run_dir
+    try:
+        await run.steps(args.steps_between)
+        victim = run.supervisor.status()["inference"].pid
+        assert victim is not None
+        killed_at, step = time.time(), run.step()
+        os.kill(victim, signal.SIGKILL)
+        await run.until(lambda: run.step() > step + 1, "a step after the re-attach")
+    finally:
+        await run.close()
+    events = records(run_dir / "events.jsonl")
+    ready = min(
+        float(e["t"])
+        for e in events
+        if e.get("type") == "StateChanged"
+        and e["process"] == "inference"
+        and e["new"] == "ready"
+        and float(e["t"]) > killed_at
+    )
+    attached = min(
+        float(e["t"])
+        for e in events
+        if e.get("type") == "Notice" and REATTACHED in e.get("message", "")
+    )
+    stepped = min(
+        float(r["t"])
+        for r in records(run_dir / "metrics.jsonl")
+        if r.get("process") == "trainer" and (r.get("step") or 0) > step and r["t"] > attached
+    )
+    return {
+        "to_ready": ready - killed_at,
+        "to_reattached": attached - killed_at,
+        "to_next_step": stepped - killed_at,
+        "trainer_kept": pids(run_dir)["trainer"] == 1,
+    }
+
+
+async def one_lane(lane: str, args: argparse.Namespace) -> dict:
+    """One lane in this process (each lane runs in a fresh interpreter, as runs do)."""
+    source = args.profile.resolve()
+    with tempfile.TemporaryDirectory(prefix="mode-switch-") as root:
+        if lane == "none restart":
+            return await none_restarting(source, args, Path(root))
+        if lane == "reattach":
+            return await reattach(source, args, Path(root))
+        return await switching(source, lane, args, Path(root))
 
 
 def import_seconds() -> float:
     """What a restarted trainer pays first: importing torch, transformers and the loop."""
-    code = "import grpo_trainer.train.session"
     started = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], check=True, env={**os.environ})
+    subprocess.run([sys.executable, "-c", "import grpo_trainer.train.session"], check=True)
     return time.perf_counter() - started
 
 
-def report(lanes: list[Lane], imports: float, none_restart: list[float]) -> str:
-    lines = [
-        "| switch | " + " | ".join(lane.way for lane in lanes) + " |",
-        "|---|" + "---|" * len(lanes),
-    ]
-    for index, (old, new, _) in enumerate(lanes[0].switches):
-        cells = [f"{lane.switches[index][2]:.2f} s" for lane in lanes]
-        lines.append(f"| {old} -> {new} | " + " | ".join(cells) + " |")
-    medians = [statistics.median(s for *_, s in lane.switches) for lane in lanes]
-    lines.append("| median | " + " | ".join(f"**{m:.2f} s**" for m in medians) + " |")
-    pids = [f"trainer {lane.pids['trainer']}, inference {lane.pids['inference']}" for lane in lanes]
-    lines.append("| pids over the run | " + " | ".join(pids) + " |")
-    lines += ["", "| mode | sync median (in-place run) | syncs |", "|---|---|---|"]
-    for mode, values in sorted(lanes[0].syncs.items()):
-        lines.append(f"| {mode} | {statistics.median(values) * 1000:.0f} ms | {len(values)} |")
-    if none_restart:
-        median = statistics.median(none_restart)
-        lines.append(
-            f"| none (none_reload = restart) | {median * 1000:.0f} ms | {len(none_restart)} |"
-        )
+def ms(values: list[float]) -> str:
+    return f"{statistics.median(values) * 1000:.0f} ms" if values else "-"
+
+
+def report(answers: dict[str, dict], imports: float) -> str:
+    lines: list[str] = []
+    ways = [lane for lane in SWITCHING if lane in answers]
+    if ways:
+        lines += ["| switch | " + " | ".join(ways) + " |", "|---|" + "---|" * len(ways)]
+        for index, (old, new, _) in enumerate(answers[ways[0]]["switches"]):
+            cells = [f"{answers[way]['switches'][index][2]:.2f} s" for way in ways]
+            lines.append(f"| {old} -> {new} | " + " | ".join(cells) + " |")
+        medians = [statistics.median(s for *_, s in answers[way]["switches"]) for way in ways]
+        lines.append("| median | " + " | ".join(f"**{m:.2f} s**" for m in medians) + " |")
+        counts = [answers[way]["pids"] for way in ways]
+        cells = [f"trainer {c['trainer']}, inference {c['inference']}" for c in counts]
+        lines.append("| pids over the run | " + " | ".join(cells) + " |")
+        lines += ["", f"| mode | sync median ({ways[0]} run) | syncs |", "|---|---|---|"]
+        for mode, values in sorted(answers[ways[0]]["syncs"].items()):
+            lines.append(f"| {mode} | {ms(values)} | {len(values)} |")
+    if "none restart" in answers:
+        values = answers["none restart"]["syncs"].get("none", [])
+        lines.append(f"| none (none_reload = restart) | {ms(values)} | {len(values)} |")
+    if "reattach" in answers:
+        seen = answers["reattach"]
+        lines += [
+            "",
+            "| inference SIGKILLed in shared_vllm | seconds from the kill |",
+            "|---|---|",
+            f"| inference ready again | {seen['to_ready']:.1f} s |",
+            f"| trainer re-attached, weights pushed | {seen['to_reattached']:.1f} s |",
+            f"| trainer's next step | {seen['to_next_step']:.1f} s |",
+            f"| trainer kept its process | {seen['trainer_kept']} |",
+        ]
     lines.append(f"\nTrainer imports (a restarted trainer pays them first): {imports:.1f} s")
     return "\n".join(lines)
 
 
-async def none_restart_syncs(steps: int, root: Path) -> list[float]:
-    """``sync_time`` of ``none`` restarting inference at each sync (the old behaviour)."""
-    plan = build_plan(load_profile(profile(root, "none", {"none_reload": "restart"})))
-    write_run_dir(plan)
-    supervisor = Supervisor(plan.specs, plan.run_dir, exit_with=plan.exit_with, respec=plan.respec)
-    task = asyncio.create_task(GrpoStack(supervisor).run())
-    async with asyncio.timeout(900):
-        while len(sync_times(plan.run_dir, "none").get("none", [])) < steps and not task.done():
-            await asyncio.sleep(0.2)
-    await supervisor.shutdown("benchmark done")
-    with contextlib.suppress(Exception):
-        await task
-    return sync_times(plan.run_dir, "none").get("none", [])
-
-
-async def one_lane(lane: str, args: argparse.Namespace) -> dict[str, object]:
-    """One lane in this process (each lane runs in a fresh interpreter, as runs do)."""
-    prefix = "none-restart-" if lane == "none restart" else "mode-switch-"
-    with tempfile.TemporaryDirectory(prefix=prefix) as root:
-        if lane == "none restart":
-            return {"syncs": await none_restart_syncs(args.none_restarts, Path(root))}
-        result = await run_lane(lane, args.switches, args.steps_between, Path(root))
-        return {"switches": result.switches, "pids": result.pids, "syncs": result.syncs}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", type=Path, default=REPO / "profiles" / "quickstart.toml")
     parser.add_argument("--switches", type=int, default=8)
     parser.add_argument("--steps-between", type=int, default=2)
     parser.add_argument("--none-restarts", type=int, default=3, help="restarting none syncs")
+    parser.add_argument("--lanes", nargs="+", choices=LANES, default=list(LANES))
     parser.add_argument("--out", type=Path, default=None, help="write the tables here too")
-    parser.add_argument("--lane", choices=[*WAYS, "none restart"], help=argparse.SUPPRESS)
+    parser.add_argument("--lane", choices=LANES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.lane is not None:
         print(json.dumps(asyncio.run(one_lane(args.lane, args))), flush=True)
         return
     answers = {}
-    for lane in [*WAYS, "none restart"]:
-        command = [sys.executable, __file__, "--lane", lane, "--switches", str(args.switches),
-                   "--steps-between", str(args.steps_between),
+    for lane in args.lanes:
+        command = [sys.executable, __file__, "--lane", lane, "--profile", str(args.profile),
+                   "--switches", str(args.switches), "--steps-between", str(args.steps_between),
                    "--none-restarts", str(args.none_restarts)]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
-        sys.stderr.write(done.stderr[-2000:] if done.returncode else "")
-        done.check_returncode()
+        if done.returncode:
+            sys.stderr.write(done.stderr[-3000:])
+            done.check_returncode()
         answers[lane] = json.loads(done.stdout.strip().splitlines()[-1])
         print(f"{lane}: done", flush=True)
-    lanes = [
-        Lane(way, [tuple(s) for s in answers[way]["switches"]], answers[way]["pids"],
-             answers[way]["syncs"])
-        for way in WAYS
-    ]  # fmt: skip
-    text = report(lanes, import_seconds(), answers["none restart"]["syncs"])
+    text = report(answers, import_seconds())
     print(text)
     if args.out is not None:
         args.out.write_text(text + "\n")
