@@ -39,7 +39,7 @@ GROUPS_PER_STEP = quickstart_value("trainer", "batch_size") // quickstart_value(
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["shared_vllm", "lora_only", "none"])
+@pytest.mark.parametrize("mode", ["shared_vllm", "lora_only", "none", "colocate"])
 async def test_the_trainer_reattaches_to_a_restarted_server_without_restarting(
     tmp_path: Path, stacks: list[Stack], mode: str
 ) -> None:
