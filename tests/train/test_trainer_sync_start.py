@@ -48,8 +48,9 @@ MESSAGE = (
 def test_mode_none_without_supervisor_exits_2_with_one_line(setup, tmp_path: Path) -> None:
     model, data = setup
     command = trainer_command(
-        model, tmp_path / "ckpt", data, "--weight-bridge-mode", "none", "--sync-every", "1"
-    )
+        model, tmp_path / "ckpt", data, "--weight-bridge-mode", "none", "--sync-every", "1",
+        "--none-reload", "restart",
+    )  # fmt: skip
     result = run_trainer(command, timeout=60)
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip().splitlines() == ["error: " + MESSAGE.format(mode="none")]
