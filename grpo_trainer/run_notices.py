@@ -144,11 +144,13 @@ class IncarnationWatch:
         return life is not None and not life.up
 
     def restarted(self) -> bool:
-        """True when an incarnation other than the attached one is up."""
+        """True when an incarnation other than the attached one is up. The first one seen
+        by a process that attached before the supervisor's word (it may start alongside
+        inference, before the server is ready) is taken as the attached one."""
         life = self.life()
-        return (
-            life is not None
-            and life.up
-            and self.attached is not None
-            and life.incarnation != self.attached
-        )
+        if life is None or not life.up:
+            return False
+        if self.attached is None:
+            self.attached = life.incarnation
+            return False
+        return life.incarnation != self.attached

@@ -99,10 +99,6 @@ class RestartSync(FullWeightsSync):
         super().__init__(context)
         self.restarts = InferenceRestarts(self.mode, link)
 
-    def attach(self, model: nn.Module) -> nn.Module:
-        """Nothing to reach yet: the served name is read from each restarted server."""
-        return model
-
     def serve(self, path: Path, step: int) -> None:
         self.restarts.restart(self.client, {"model": str(path)})
-        self.served_model = base_model_name(self.client)
+        self.served_model = None  # a new server: its name is asked for again

@@ -111,18 +111,20 @@ def test_none_reloads_in_place_while_requests_are_served(
     model = strategy.attach(load_model(base_model))
     pid = server.process.process.pid  # type: ignore[union-attr]
     paths = record_paths(strategy)
+    assert strategy.served_model is None  # no server reached before the first sync
     try:
-        before = server_logprobs(server.url, strategy.served_model, prompt, completion)
+        before = server_logprobs(server.url, "policy", prompt, completion)
         nudge(model, seed=1)
-        with Load(server.url, lambda: str(strategy.served_model)) as load:
+        with Load(server.url, lambda: strategy.served_model or "policy") as load:
             load.wait_for(2)
             began = time.monotonic()
             result = strategy.sync(model, 1)
             ended = time.monotonic()
             load.wait_for(len(load.done) + 2)
-        after = server_logprobs(server.url, strategy.served_model, prompt, completion)
+        after = server_logprobs(server.url, str(strategy.served_model), prompt, completion)
     finally:
         strategy.close()
+    assert strategy.served_model == "policy"  # the base's name, read after the first load
     assert torch.allclose(after, trainer_logprobs(model, prompt, completion), atol=ATOL)
     assert (after - before).abs().max() > 1e-3
     assert result.policy_version == 1 and set(result.phases) == {"save", "load"}
