@@ -62,7 +62,6 @@ BACKEND_KEYS: dict[str, str] = {
     "weight_transfer": "vllm",
     "vllm_executable": "vllm",
     "kv_cache_memory_bytes": "vllm",
-    "vllm_preimport": "vllm",
     "sglang_executable": "sglang",
 }
 """Keys only one backend reads, and that backend: set for another, they are refused."""
