@@ -66,17 +66,22 @@ class HotSwapSync(WeightSync):
         """Load the adapter at ``path`` under a new name (``label``: ``step12``, ``start``);
         environments are told it with the next served version. Returns the name."""
         name = f"{self.context.served_model_name}-{label}-{self._tag}{len(self.loaded)}"
-        body = {"lora_name": name, "lora_path": str(path.resolve())}
-        answer = self.client.post(self._route("load_lora_adapter"), json=body)
-        if self.context.backend == "sglang":
-            succeeded(answer.json(), "adapter load")
+        self.post_adapter("load_lora_adapter", name, path)
         self.loaded.append(name)
         self.served_model = self._request_name(name)
         self._unload_stale()
         return name
 
-    def _route(self, action: str) -> str:
-        return f"/{action}" if self.context.backend == "sglang" else f"/v1/{action}"
+    def post_adapter(self, action: str, name: str, path: Path | None = None) -> None:
+        """``load_lora_adapter`` / ``unload_lora_adapter`` of ``name`` on either backend
+        (SGLang's routes, and its ``success`` flag checked); ``SyncError`` on a refusal."""
+        route = f"/{action}" if self.context.backend == "sglang" else f"/v1/{action}"
+        body = {"lora_name": name}
+        if path is not None:
+            body["lora_path"] = str(path.resolve())
+        answer = self.client.post(route, json=body)
+        if self.context.backend == "sglang":
+            succeeded(answer.json(), f"adapter {action.split('_')[0]}")
 
     def _request_name(self, adapter: str) -> str:
         """What environments put in ``model``: SGLang picks an adapter by ``base:adapter``."""
@@ -89,11 +94,8 @@ class HotSwapSync(WeightSync):
     def _unload_stale(self) -> None:
         """Unload all but the last ``LOADED_KEPT``; one still in use stays for the next try."""
         for name in self.loaded[:-LOADED_KEPT]:
-            body = {"lora_name": name}
             try:
-                answer = self.client.post(self._route("unload_lora_adapter"), json=body)
-                if self.context.backend == "sglang":
-                    succeeded(answer.json(), "adapter unload")
+                self.post_adapter("unload_lora_adapter", name)
             except SyncError:
                 continue
             self.loaded.remove(name)
