@@ -16,7 +16,8 @@ interpreter:
 - **both restart**: the same switches as before issue 26 (inference restarts, then the
   trainer);
 - **none restart**: ``none`` with ``none_reload = "restart"``: its sync restarts inference;
-- **reattach**: inference SIGKILLed (by pid: the run's own child) mid-run in ``shared_vllm``;
+- **reattach**: inference SIGKILLed (by pid: the run's own child) mid-run in
+  ``--reattach-mode`` (``shared_vllm`` by default);
   the seconds from the kill to inference ready again, to the trainer's re-attach, and to
   its next step, and whether the trainer kept its pid.
 
@@ -206,8 +207,8 @@ async def none_restarting(source: Path, args: argparse.Namespace, root: Path) ->
 
 
 async def reattach(source: Path, args: argparse.Namespace, root: Path) -> dict:
-    """Inference SIGKILLed in ``shared_vllm``: kill -> ready -> re-attached -> next step."""
-    run = Run(profile(source, root, "shared_vllm", {}), "reattach")
+    """Inference SIGKILLed in ``--reattach-mode``: kill -> ready -> re-attached -> next step."""
+    run = Run(profile(source, root, args.reattach_mode, {}), "reattach")
     run_dir = run.plan.run_dir
     try:
         await run.steps(args.steps_between)
@@ -238,6 +239,7 @@ async def reattach(source: Path, args: argparse.Namespace, root: Path) -> dict:
         if r.get("process") == "trainer" and (r.get("step") or 0) > step and r["t"] > attached
     )
     return {
+        "mode": args.reattach_mode,
         "to_ready": ready - killed_at,
         "to_reattached": attached - killed_at,
         "to_next_step": stepped - killed_at,
@@ -290,7 +292,7 @@ def report(answers: dict[str, dict], imports: float) -> str:
         seen = answers["reattach"]
         lines += [
             "",
-            "| inference SIGKILLed in shared_vllm | seconds from the kill |",
+            f"| inference SIGKILLed in {seen['mode']} | seconds from the kill |",
             "|---|---|",
             f"| inference ready again | {seen['to_ready']:.1f} s |",
             f"| trainer re-attached, weights pushed | {seen['to_reattached']:.1f} s |",
@@ -308,6 +310,7 @@ def main() -> None:
     parser.add_argument("--steps-between", type=int, default=2)
     parser.add_argument("--none-restarts", type=int, default=3, help="restarting none syncs")
     parser.add_argument("--lanes", nargs="+", choices=LANES, default=list(LANES))
+    parser.add_argument("--reattach-mode", default="shared_vllm", help="the reattach lane's mode")
     parser.add_argument("--out", type=Path, default=None, help="write the tables here too")
     parser.add_argument("--lane", choices=LANES, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -318,7 +321,8 @@ def main() -> None:
     for lane in args.lanes:
         command = [sys.executable, __file__, "--lane", lane, "--profile", str(args.profile),
                    "--switches", str(args.switches), "--steps-between", str(args.steps_between),
-                   "--none-restarts", str(args.none_restarts)]  # fmt: skip
+                   "--none-restarts", str(args.none_restarts),
+                   "--reattach-mode", args.reattach_mode]  # fmt: skip
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode:
             sys.stderr.write(done.stderr[-3000:])
