@@ -46,8 +46,8 @@ from typing import Any
 import psutil
 import tomli_w
 
+from grpo_trainer.serve.capabilities import restarts_inference
 from grpo_trainer.serve.settings import SGLANG_REFUSED
-from grpo_trainer.sync.restart import RESTART_MODES
 from grpo_tui.supervisor.tree import PROCESS_VAR, RUN_ID_VAR, is_alive, tagged
 
 REPO = Path(__file__).resolve().parents[1]
@@ -324,7 +324,7 @@ def plan_cells(args: argparse.Namespace, gpu_model: str, tiny_model: str) -> lis
         for mode in args.modes:
             if backend == "sglang" and mode in SGLANG_REFUSED:
                 continue  # refused at check time, with the reason (docs/inference.md)
-            restart = mode in RESTART_MODES
+            restart = restarts_inference(mode)
             steps = args.restart_steps if restart else args.steps
             sync_every = args.restart_sync_every if restart else 1
             lr = args.lora_lr if mode in LORA_MODES else args.lr

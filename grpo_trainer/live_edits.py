@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from grpo_trainer.control import RUN_DIR_ENV
+from grpo_trainer.run_notices import NoticeWatcher
 
 EDITS_FILE = "live_edits.json"
 EDITABLE: dict[str, str] = {
@@ -112,8 +113,7 @@ class EditWatcher:
 
     def __init__(self, keys: Iterable[str], run_dir: Path | None) -> None:
         self.keys = tuple(keys)
-        self.path = None if run_dir is None else edits_path(run_dir)
-        self._seen: tuple[int, int] | None = None
+        self.file = NoticeWatcher(None if run_dir is None else edits_path(run_dir), EditsInForce)
         self._version = 0
 
     @classmethod
@@ -125,18 +125,8 @@ class EditWatcher:
 
     def poll(self) -> dict[str, Any] | None:
         """This role's values in force when the file changed since the last poll, else None."""
-        if self.path is None:
-            return None
-        try:
-            stat = self.path.stat()
-        except OSError:
-            return None
-        seen = (stat.st_mtime_ns, stat.st_size)
-        if seen == self._seen:
-            return None
-        self._seen = seen
-        edits = read_edits(self.path.parent)
-        if edits.version == self._version:
+        edits = self.file.current()
+        if edits is None or edits.version == self._version:
             return None
         self._version = edits.version
         values = {key: edits.values[key] for key in self.keys if key in edits.values}

@@ -143,8 +143,9 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
     async def served_version(body: ServedVersion) -> dict[str, str]:
         """The trainer's weight sync finished: environments tag what they sample from now
         with ``version`` (not the step, which runs ahead between syncs of ``sync_every`` >
-        1), so off-policy lag is measured against the weights that sampled."""
-        await service.set_served_version(body.version)
+        1), so off-policy lag is measured against the weights that sampled, and ask
+        inference for ``model``. An ``incarnation`` ends a hold (``inference_held``)."""
+        await service.set_served_version(body.version, body.model, body.incarnation)
         return {"status": "success"}
 
     @app.get("/status")

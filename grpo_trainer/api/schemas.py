@@ -71,9 +71,16 @@ class Ack(BaseModel):
 
 
 class ServedVersion(BaseModel):
-    """``POST /served-version``: inference now serves the weights of this trainer step."""
+    """``POST /served-version``: inference now serves the weights of this trainer step.
+
+    ``model`` is the name environments ask inference for those weights (a new adapter
+    name at each ``lora_only`` sync, the base model's name in the full modes); ``incarnation``
+    the inference server's (``grpo_trainer.run_notices``) they were pushed to.
+    """
 
     version: StrictInt = Field(ge=0)
+    model: str | None = Field(default=None, min_length=1, max_length=500)
+    incarnation: StrictInt | None = Field(default=None, ge=0)
 
 
 PerToken = list[list[FiniteFloat]]

@@ -21,6 +21,7 @@ from grpo_trainer.api.settings import ApiSettings
 from grpo_trainer.api.store import Delivery
 from grpo_trainer.api.validation import Refused, check_groups, parse, refused_groups
 from grpo_trainer.live_edits import EditWatcher
+from grpo_trainer.run_notices import INFERENCE_FILE, InferenceLife, NoticeWatcher
 
 log = logging.getLogger("grpo_trainer.api")
 
@@ -49,6 +50,8 @@ class RolloutService:
         self.runner = runner
         self.store = runner.store
         self.edits = EditWatcher.for_role("api") if edits is None else edits
+        self.inference = NoticeWatcher.in_run(INFERENCE_FILE, InferenceLife)
+        """The supervisor's word on the inference server (``grpo_trainer.run_notices``)."""
         self.latest: bytes | None = None
         """The last group queued, as served (``/latest_example``)."""
 
@@ -206,9 +209,24 @@ class RolloutService:
         self.runner.purge_soon()
         return step
 
-    async def set_served_version(self, version: int) -> None:
-        """The trainer step whose weights inference serves from now on."""
-        await self.runner.call(self.store.set_served_version, version)
+    async def set_served_version(
+        self, version: int, model: str | None = None, incarnation: int | None = None
+    ) -> None:
+        """The trainer step whose weights inference serves from now on, the name it serves
+        them under and the inference incarnation they were pushed to (which may end a hold:
+        waiting environments are answered)."""
+        await self.runner.call(self.store.set_served_version, version, model, incarnation)
+        self.runner.changed()
+
+    def inference_held(self) -> bool:
+        """Environments wait while inference serves no weights the trainer pushed: from the
+        supervisor's word that it went down until the trainer reports weights pushed to the
+        incarnation up now. Only a trainer that reports incarnations is waited for."""
+        pushed = self.store.served_incarnation()
+        life = self.inference.current()
+        return (
+            pushed is not None and life is not None and (not life.up or life.incarnation != pushed)
+        )
 
     async def status(self) -> dict[str, int]:
         """Step, queued groups and sequences, leased batches (overdue leases expired first)."""
@@ -257,9 +275,12 @@ class RolloutService:
         bound = self.settings.max_batches_offpolicy
         leased = store.leased_batches()
         full = queued_batches >= bound if bound else (queued_batches >= 1 or leased > 0)
+        held = self.inference_held()
         return {
             "current_step": store.current_step(),
             "served_version": store.served_version(),
+            "served_model": store.served_model(),
+            "inference_held": held,
             "queue_size": queued // env.group_size,
             "unallocated_fraction": 1.0 - min(reserved, 1.0),
             "self_queue_size": own // env.group_size,
@@ -268,7 +289,7 @@ class RolloutService:
             "queued_batches": queued_batches,
             "max_batches_offpolicy": bound,
             "leased_batches": leased,
-            "pause": full,
+            "pause": full or held,
         }
 
     async def env_status(self, env_id: int, wait: float = 0.0) -> dict[str, Any]:

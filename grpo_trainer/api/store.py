@@ -143,9 +143,23 @@ class Store:
         """The trainer step whose weights inference serves (None: not reported)."""
         return self.meta("served_version")
 
-    def set_served_version(self, version: int) -> None:
+    def served_model(self) -> str | None:
+        """The name environments ask inference for the served weights (None: not reported)."""
+        return self.meta("served_model")
+
+    def served_incarnation(self) -> int | None:
+        """The inference incarnation the trainer last pushed weights to (None: not reported)."""
+        return self.meta("served_incarnation")
+
+    def set_served_version(
+        self, version: int, model: str | None = None, incarnation: int | None = None
+    ) -> None:
         with self._transaction():
             self._set_meta("served_version", version)
+            if model is not None:
+                self._set_meta("served_model", model)
+            if incarnation is not None:
+                self._set_meta("served_incarnation", incarnation)
 
     def register_trainer(self, registration: dict[str, Any]) -> None:
         """Store the trainer's registration; its ``starting_step`` becomes the step, and the

@@ -114,6 +114,9 @@ class EnvRunner:
         self.served_version: int | None = None
         """The trainer step whose weights inference serves, as our API reports it (None:
         not reported, e.g. an Atropos API): between syncs it lags ``current_step``."""
+        self.served_model: str | None = None
+        """The name inference serves those weights under, as the trainer reported it with
+        the version (a new adapter at each ``lora_only`` sync); else ``model_name``."""
         self.batch_size = 0
         self.max_token_len = settings.max_token_length
         self.edits = EditWatcher.for_role("env")
@@ -288,6 +291,8 @@ class EnvRunner:
         self.current_step = int(status.get("current_step", self.current_step))
         served = status.get("served_version")
         self.served_version = None if served is None else int(served)
+        model = status.get("served_model")
+        self.served_model = model if isinstance(model, str) and model else None
 
     def _policy_version(self) -> int:
         """The version a group sampled now is tagged with: the weights inference serves.
@@ -310,9 +315,10 @@ class EnvRunner:
         queued = int(status.get("queue_size", 0)) * self.settings.group_size
         return queued >= ATROPOS_MAX_BATCHES_OFFPOLICY * self.batch_size
 
-    async def _wait_for_room(self) -> int | None:
+    async def _wait_for_room(self) -> tuple[int, str] | None:
         """Ask ``/status-env`` until the queue has room; returns the version to tag the
-        group with (``_policy_version``; None: stop).
+        group with (``_policy_version``) and the model to ask for it, read together so a
+        sync between two groups never mixes them (None: stop).
 
         Our API answers a full queue once it has room (long poll, ``LONG_POLL`` at most); an
         API that answers at once (Atropos) is polled every ``status_poll`` seconds. The
@@ -322,7 +328,7 @@ class EnvRunner:
         posted, self._posted_status = self._posted_status, None
         if posted is not None and not self._queue_full(posted):
             self._note_pause(False, posted)
-            return self._policy_version()
+            return self._policy_version(), self._model()
         backoff = Backoff(first=self.status_poll, cap=5.0)
         while not self._stop.is_set():
             asked = time.monotonic()
@@ -331,7 +337,7 @@ class EnvRunner:
                 full = self._queue_full(status)
                 self._note_pause(full, status)
                 if not full:
-                    return self._policy_version()
+                    return self._policy_version(), self._model()
                 if time.monotonic() - asked >= LONG_POLL:
                     continue
             await self._sleep(self.status_poll if status is not None else backoff.next())
@@ -428,9 +434,13 @@ class EnvRunner:
             return self.tokenizer.encode(self.tokenizer.render_chat(list(prompt.messages)))
         return self.tokenizer.encode(prompt.text)
 
-    def _sampling(self, n: int) -> SamplingRequest:
+    def _model(self) -> str:
+        """The ``model`` to ask inference for: what the trainer last reported, else ours."""
+        return self.served_model or self.settings.model_name
+
+    def _sampling(self, n: int, model: str | None = None) -> SamplingRequest:
         return SamplingRequest(
-            model=self.settings.model_name,
+            model=model or self._model(),
             n=n,
             max_tokens=self.max_tokens,
             temperature=self.settings.temperature,
@@ -506,14 +516,15 @@ class EnvRunner:
     async def _attempt_group(self, inference_backoff: Backoff) -> bool:
         """Generate, score and post one group; True once it was posted (or may have been)."""
         started = time.perf_counter()
-        version = await self._wait_for_room()
-        if version is None:
+        room = await self._wait_for_room()
+        if room is None:
             return False
+        version, model = room
         asked = time.perf_counter()
         self.stats.timed("room", asked - started)
         self._span("room", asked - started)
         self._take_edits()
-        sampling = self._sampling(self.settings.group_size)
+        sampling = self._sampling(self.settings.group_size, model)
         prompt = self.task.sample(self.rng)
         prompt_ids = self.encode(prompt)
         generating = time.time()
@@ -626,6 +637,8 @@ class EnvRunner:
 
 
 def _queue_text(status: dict[str, Any]) -> str:
+    if status.get("inference_held"):
+        return "inference restarted: waiting for the trainer's weights"
     if "queued_batches" in status:
         return f"{status['queued_batches']:.2f} batches queued"
     return f"{status.get('queue_size')} groups queued"

@@ -29,7 +29,12 @@ from grpo_trainer.serve.service import InferenceService
 from grpo_trainer.serve.sleep import SleepError
 from grpo_trainer.serve.sleep import attach_router as attach_sleep_routes
 
-ERROR_TYPES = {400: "BadRequestError", 404: "NotFoundError", 500: "InternalServerError"}
+ERROR_TYPES = {
+    400: "BadRequestError",
+    404: "NotFoundError",
+    409: "ConflictError",
+    500: "InternalServerError",
+}
 
 
 def error_response(message: str, status: int) -> JSONResponse:

@@ -19,6 +19,8 @@ import torch
 from torch import nn
 from torch.multiprocessing.reductions import reduce_tensor
 
+from grpo_trainer.serve.weights import served_parameters
+
 RPC_METHODS = ("grpo_device_uuid", "grpo_export_weights")
 STORAGE_DEVICE_ARG = 6
 """Position of the device index in ``rebuild_cuda_tensor``'s arguments."""
@@ -31,9 +33,10 @@ def device_uuid(model: nn.Module) -> str:
 
 
 def export_weights(model: nn.Module) -> list[dict[str, Any]]:
-    """Name, shape, dtype and a base64 pickled CUDA IPC handle of every parameter."""
+    """Checkpoint name, shape, dtype and a base64 pickled CUDA IPC handle of every base
+    parameter (``served_parameters``: the same with LoRA slots or without)."""
     exported = []
-    for name, param in model.named_parameters():
+    for name, param in served_parameters(model):
         handle = reduce_tensor(param.data)
         exported.append(
             {

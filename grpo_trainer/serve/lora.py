@@ -2,8 +2,10 @@
 
 Adapters are validated before they touch the model: the directory and its
 ``adapter_config.json`` must exist, the rank must fit ``--max-lora-rank`` and the adapter
-must have been trained on the served base. A load that still fails leaves the server as
-it was.
+must have been trained on the served base: the same path, or a model of the same shape
+(after an in-place mode switch or a reload the server serves the trainer's weights, whose
+checkpoint path is not the one it started from). A load that still fails leaves the server
+as it was.
 """
 
 from __future__ import annotations
@@ -22,11 +24,36 @@ class AdapterError(ValueError):
         self.status = status
 
 
+SHAPE_KEYS = (
+    "model_type",
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+)
+"""What makes two model folders the same base for an adapter (their weights may differ)."""
+
+
+def _shape(path: Path) -> dict[str, object] | None:
+    try:
+        config = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return {key: config.get(key) for key in SHAPE_KEYS}
+
+
 def _same_base(adapter_base: str, served_base: str) -> bool:
     if adapter_base == served_base:
         return True
     left, right = Path(adapter_base), Path(served_base)
-    return left.exists() and right.exists() and left.resolve() == right.resolve()
+    if not (left.exists() and right.exists()):
+        return False
+    if left.resolve() == right.resolve():
+        return True
+    shape = _shape(left)
+    return shape is not None and shape == _shape(right)
 
 
 class AdapterSet:

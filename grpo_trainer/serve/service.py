@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,10 +31,19 @@ from grpo_trainer.serve.protocol import (
 )
 from grpo_trainer.serve.replicas import Replicas
 from grpo_trainer.serve.sleep import SleepState
+from grpo_trainer.serve.weights import reload_from_disk
 
 BUCKET_METHODS = (RPC_LOAD, RPC_CHECK, "grpo_weight_layout")
 """``/collective_rpc`` methods of a server that owns its weights (replicas loaded from a
 multi-rank trainer's buckets, ``serve/buckets.py``), as vLLM's worker extension has them."""
+RELOAD_METHOD = "grpo_reload_weights"
+"""Mode ``none`` in place: ``kwargs.weights_path`` names full weights on disk, loaded into the
+running model, as our vLLM worker extension's method of that name does with vLLM's own
+``reload_weights`` (``sync/vllm_worker.py``)."""
+HAZARD = (
+    "vLLM's engine can die when an adapter is reloaded in place under running requests "
+    "(vllm-project/vllm#13698)"
+)
 
 
 class InferenceService:
@@ -60,7 +72,25 @@ class InferenceService:
         self.model_path = model_path
         self.max_num_seqs = max_num_seqs
         self.created = int(time.time())
+        self.adapters_in_use: Counter[str] = Counter()
+        """Requests admitted per adapter and not finished (the event loop's count)."""
         self._token_texts: dict[int, str] = {}
+
+    @contextmanager
+    def using(self, adapter: str | None) -> Iterator[None]:
+        """Count a request on ``adapter`` while it is admitted (adapter reloads check it)."""
+        if adapter is not None:
+            self.adapters_in_use[adapter] += 1
+        try:
+            yield
+        finally:
+            if adapter is not None:
+                self.adapters_in_use[adapter] -= 1
+
+    def _refuse_in_use(self, name: str, what: str) -> None:
+        """409 while requests run on adapter ``name``: ``what`` would change it under them."""
+        if running := self.adapters_in_use[name]:
+            raise ApiError(f"adapter {name!r} is in use by {running} requests: {what}", 409)
 
     def token_text(self, token: int) -> str:
         """``tokenizer.decode([token])``, remembered: the logprobs of every answer name
@@ -137,6 +167,12 @@ class InferenceService:
         if request.n > self.max_num_seqs:
             raise ApiError(f"n={request.n} exceeds --max-num-seqs {self.max_num_seqs}")
         adapter = self.resolve_model(request.model)
+        with self.using(adapter):
+            return await self._generate(engine, request, adapter)
+
+    async def _generate(
+        self, engine: Engine, request: CompletionRequest, adapter: str | None
+    ) -> dict[str, Any]:
         prompts = self.prompts(request.prompt)
         max_tokens = 16 if request.max_tokens is None else request.max_tokens
         if max_tokens == 0 and not request.echo:
@@ -190,6 +226,10 @@ class InferenceService:
         adapters = self._adapters()
         if request.lora_name == self.served_model_name:
             raise ApiError(f"{request.lora_name!r} is the base model's served name")
+        if request.load_inplace:
+            self._refuse_in_use(
+                request.lora_name, f"{HAZARD}; load the new weights under a new name instead"
+            )
 
         def load() -> None:
             with self.engine.lock:
@@ -198,8 +238,9 @@ class InferenceService:
         await run_in_threadpool(load)
 
     async def unload_lora(self, request: UnloadLoraRequest) -> None:
-        """Unload the adapter ``lora_name``."""
+        """Unload the adapter ``lora_name`` (409 while requests run on it)."""
         adapters = self._adapters()
+        self._refuse_in_use(request.lora_name, "unload it once they have finished")
 
         def unload() -> None:
             with self.engine.lock:
@@ -217,7 +258,10 @@ class InferenceService:
 
     async def collective_rpc(self, request: RpcRequest) -> list[Any]:
         """vLLM's worker methods this server has: the bucket methods (a server owning its
-        weights), or the CUDA IPC export (one sharing them on a CUDA device)."""
+        weights), or the CUDA IPC export (one sharing them on a CUDA device); and the full
+        weights reload of mode ``none`` in place."""
+        if request.method == RELOAD_METHOD:
+            return await run_in_threadpool(self._reload, request)
         if request.method in BUCKET_METHODS:
             return [await run_in_threadpool(self._bucket_rpc, request)]
         if self.shared_weights is None or self.engine.device.type != "cuda":
@@ -226,6 +270,20 @@ class InferenceService:
             raise ApiError(f"unknown method {request.method!r}; known: {', '.join(RPC_METHODS)}")
         method = device_uuid if request.method == "grpo_device_uuid" else export_weights
         return [await run_in_threadpool(method, self.engine.model)]
+
+    def _reload(self, request: RpcRequest) -> list[None]:
+        """``grpo_reload_weights`` on every replica (vLLM answers one ``null`` per worker);
+        the trainer pauses generation around it."""
+        path = request.kwargs.get("weights_path")
+        if not isinstance(path, str) or not path:
+            raise ApiError(f"{RELOAD_METHOD} needs kwargs.weights_path, a folder of full weights")
+        for engine in self.replicas.engines:
+            with engine.lock:
+                try:
+                    reload_from_disk(engine.model, Path(path))
+                except (OSError, ValueError) as error:
+                    raise ApiError(f"{RELOAD_METHOD}: {error}") from None
+        return [None] * len(self.replicas)
 
     def _bucket_rpc(self, request: RpcRequest) -> Any:
         """Run one bucket method on every replica (a server sharing the trainer's weights has

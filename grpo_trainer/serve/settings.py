@@ -4,9 +4,16 @@ Torch-free on purpose: ``grpo-tui check`` resolves the process plan through this
 without loading torch. The profile's ``[inference]`` table maps onto ``InferenceSettings``;
 ``inference_command`` turns it plus a weight-sync mode into an argv and environment.
 
-Served names: environments always ask for ``served_model_name`` (default ``policy``). In
-the LoRA modes that name is the adapter, and the base model is served as
-``<served_model_name>-base``, so a request for ``policy`` is always the current policy.
+One server serves every mode a run can switch to (``capabilities.py``): the in-place modes
+start it with every capability the profile leaves on; ``lora_restart`` (and ``none`` with
+``none_reload = "restart"``) start it with their own flags, as a restart serves each sync.
+
+Served names: the base model is served as ``served_model_name`` (default ``policy``), or as
+``<served_model_name>-base`` when the server starts in a LoRA mode. ``lora_only`` serves each
+synced adapter under a new name (``adapter_name``), ``lora_restart`` preloads it as
+``served_model_name``. Environments ask for the name the trainer last reported to the rollout
+API with its served version (``/status-env``'s ``served_model``), so a new adapter or a mode
+switch reaches them atomically, between two groups.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from grpo_trainer.api.settings import is_loopback
 from grpo_trainer.cache import cache_dir
+from grpo_trainer.serve.capabilities import LORA_SLOTS, MODE_NEEDS, capabilities, in_place
 
 Backend = Literal["builtin", "vllm", "sglang"]
 Mode = Literal["none", "shared_vllm", "lora_only", "lora_restart", "colocate"]
@@ -47,6 +55,29 @@ def inference_headers(env: Mapping[str, str] | None = None) -> dict[str, str]:
     """``Authorization: Bearer`` for the inference server when ``VLLM_API_KEY`` is set."""
     key = (os.environ if env is None else env).get(API_KEY_ENV)
     return {"Authorization": f"Bearer {key}"} if key else {}
+
+
+BACKEND_KEYS: dict[str, str] = {
+    "cpu_threads": "builtin",
+    "weight_transfer": "vllm",
+    "vllm_executable": "vllm",
+    "kv_cache_memory_bytes": "vllm",
+    "sglang_executable": "sglang",
+}
+"""Keys only one backend reads, and that backend: set for another, they are refused."""
+VLLM_ONLY_FLAGS: dict[str, str] = {
+    "--kv-cache-memory-bytes": "SGLang sizes its KV cache from --mem-fraction-static "
+    "(gpu_memory_utilization)",
+    "--max-model-len": "use max_model_len (SGLang: --context-length)",
+    "--gpu-memory-utilization": "use gpu_memory_utilization (SGLang: --mem-fraction-static)",
+    "--enforce-eager": "use enforce_eager (SGLang: --disable-cuda-graph)",
+    "--tensor-parallel-size": "use tensor_parallel_size (SGLang: --tp-size)",
+    "--data-parallel-size": "use data_parallel_size (SGLang: --dp-size)",
+    "--max-num-seqs": "SGLang's is --max-running-requests",
+    "--enable-prefix-caching": "SGLang caches prefixes unless --disable-radix-cache",
+    "--no-enable-prefix-caching": "SGLang's is --disable-radix-cache",
+}
+"""vLLM flags a profile might carry over in ``extra_args`` when it moves to SGLang."""
 
 
 def _distinct(value: list[int]) -> list[int]:
@@ -91,6 +122,33 @@ class InferenceSettings(BaseModel):
         ),
     )
     enforce_eager: bool = False
+    enable_lora: bool = Field(
+        default=True,
+        description=(
+            "start with LoRA slots, so a switch to lora_only keeps the server (vLLM: 14-16 s "
+            "more CUDA-graph capture at start, ~7% slower generation); false: such a switch "
+            "restarts inference"
+        ),
+    )
+    enable_sleep_mode: bool = Field(
+        default=True,
+        description=(
+            "start with sleep mode, so a switch to colocate keeps the server; false: such a "
+            "switch restarts inference"
+        ),
+    )
+    none_reload: Literal["in_place", "restart"] = Field(
+        default="in_place",
+        description=(
+            "mode none: 'in_place' = the running server loads each synced checkpoint from "
+            "disk (every step by default); 'restart' = the server restarts on it (every 4)"
+        ),
+    )
+    kv_cache_memory_bytes: int | None = Field(
+        default=None,
+        ge=1,
+        description="vLLM only: a fixed KV cache (no free-memory profiling at start)",
+    )
     weight_transfer: Literal["cuda_ipc", "nccl"] = Field(
         default="cuda_ipc",
         description=(
@@ -156,11 +214,20 @@ class InferenceSettings(BaseModel):
         return data
 
     @model_validator(mode="after")
-    def _builtin_only(self) -> InferenceSettings:
-        if self.backend != "builtin" and self.cpu_threads is not None:
-            raise ValueError(
-                f"cpu_threads is a built-in backend setting: {self.backend} has no such flag"
-            )
+    def _one_backends_keys(self) -> InferenceSettings:
+        """A key set for another backend is refused, naming it: it would change nothing, or
+        reach the engine as a flag it does not know."""
+        for key, owner in BACKEND_KEYS.items():
+            if key in self.model_fields_set and owner != self.backend:
+                name = "built-in backend" if owner == "builtin" else f"{owner} backend"
+                raise ValueError(f"{key} is a {name} setting: {self.backend} has no such flag")
+        if self.backend == "sglang":
+            for arg in self.extra_args:
+                flag = arg.split("=", 1)[0]
+                if flag in VLLM_ONLY_FLAGS:
+                    raise ValueError(
+                        f"extra_args: {flag} is a vLLM flag, not SGLang's; {VLLM_ONLY_FLAGS[flag]}"
+                    )
         return self
 
     @property
@@ -174,12 +241,14 @@ class InferenceSettings(BaseModel):
     def sizes_kv_from_free_memory(self) -> bool:
         """Whether the engine sizes its KV cache from the GPU memory free while it starts,
         so that another process allocating on its GPU meanwhile shrinks or fails it: vLLM
-        unless ``--kv-cache-memory-bytes`` fixes the size, SGLang always
+        unless ``kv_cache_memory_bytes`` (or ``--kv-cache-memory-bytes`` in ``extra_args``)
+        fixes the size, SGLang always
         (``--mem-fraction-static`` of the free memory); the built-in server allocates per
         batch."""
         if self.backend == "vllm":
             flag = "--kv-cache-memory-bytes"
-            return not any(a == flag or a.startswith(f"{flag}=") for a in self.extra_args)
+            fixed = any(a == flag or a.startswith(f"{flag}=") for a in self.extra_args)
+            return not fixed and self.kv_cache_memory_bytes is None
         return self.backend == "sglang"
 
     @property
@@ -216,6 +285,10 @@ def inference_command(
 ) -> InferenceLaunch:
     """The command that serves ``model`` (plus ``adapter`` in LoRA modes) for sync ``mode``.
 
+    An in-place mode's server has every capability ``settings`` leaves on and those its
+    mode needs (``capabilities.py``): the same for each of them unless one is off; a restart
+    mode's has its own flags. ``shared_dir`` (built-in, one replica) is where its weights
+    live in shared memory, so that a trainer can share them (``shared_vllm``, ``colocate``).
     Raises ``ValueError`` naming the problem for an unknown mode, an adapter outside the
     LoRA modes, the built-in ``shared_vllm`` / ``colocate`` mode without a ``shared_dir``,
     or a mode the SGLang backend cannot run (``SGLANG_REFUSED``).
@@ -231,6 +304,13 @@ def inference_command(
     return _builtin_command(
         settings, mode=mode, model=model, adapter=adapter, shared_dir=shared_dir
     )
+
+
+def started_with(settings: InferenceSettings, mode: str) -> frozenset[str]:
+    """The capabilities the server of ``mode`` starts with (``capabilities.py``)."""
+    if not in_place(mode, settings.none_reload):
+        return MODE_NEEDS[mode]
+    return capabilities(settings, mode)
 
 
 def _serve_flags(settings: InferenceSettings, *, mode: str, model: str) -> list[str]:
@@ -269,24 +349,26 @@ def _builtin_command(
     ]
     if settings.max_model_len is not None:
         argv += ["--max-model-len", str(settings.max_model_len)]
-    if mode in LORA_MODES:
+    capable = started_with(settings, mode)
+    if "lora" in capable:
         argv += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank)]
         if adapter is not None:
             argv += ["--lora-modules", f"{settings.served_model_name}={adapter}"]
     if settings.data_parallel_size > 1:
         # one replica per trainer rank, each loaded from that rank's gathered weights
         argv += ["--data-parallel-size", str(settings.data_parallel_size)]
-    elif mode in SHARED_MODES:
-        if shared_dir is None:
-            raise ValueError(f"{mode} on the built-in backend needs shared_dir")
+    elif mode in SHARED_MODES and shared_dir is None:
+        raise ValueError(f"{mode} on the built-in backend needs shared_dir")
+    elif shared_dir is not None and (mode in SHARED_MODES or in_place(mode, settings.none_reload)):
         argv += ["--shared-weights", shared_dir]
-    if mode == "colocate":
+    if "sleep" in capable:
         argv.append("--enable-sleep-mode")
     return InferenceLaunch(argv=[*argv, *settings.extra_args], env={}, gated=True)
 
 
 VLLM_FLAGS = {
     "max_model_len": "--max-model-len",
+    "kv_cache_memory_bytes": "--kv-cache-memory-bytes",
     "gpu_memory_utilization": "--gpu-memory-utilization",
     "enforce_eager": "--enforce-eager",
     "tensor_parallel_size": "--tensor-parallel-size",
@@ -305,8 +387,8 @@ SGLANG_FLAGS = {
 def _engine_flags(settings: InferenceSettings, names: dict[str, str]) -> list[str]:
     """The optional engine settings that are set, under the engine's own flag names."""
     argv: list[str] = []
-    for key in ("max_model_len", "gpu_memory_utilization"):
-        if (value := getattr(settings, key)) is not None:
+    for key in ("max_model_len", "gpu_memory_utilization", "kv_cache_memory_bytes"):
+        if key in names and (value := getattr(settings, key)) is not None:
             argv += [names[key], str(value)]
     if settings.enforce_eager:
         argv.append(names["enforce_eager"])
@@ -355,6 +437,14 @@ def _vllm_launcher(settings: InferenceSettings) -> tuple[list[str], bool]:
 def _vllm_command(
     settings: InferenceSettings, *, mode: str, model: str, adapter: str | None
 ) -> InferenceLaunch:
+    """``vllm serve`` with the flags of ``started_with(settings, mode)``.
+
+    In-place modes: dev mode (``/pause``, ``/collective_rpc`` with ``reload_weights``,
+    ``/reset_prefix_cache``, the weight-transfer routes), the worker extension and the
+    NCCL weight-transfer config always (they cost nothing measurable at start); LoRA slots
+    (two: the served adapter and the one replacing it) and sleep mode as the profile leaves
+    them on. Restart modes: ``lora_restart`` its LoRA flags, ``none`` a plain server.
+    """
     launcher, gated = _vllm_launcher(settings)
     argv = [
         *launcher,
@@ -367,25 +457,27 @@ def _vllm_command(
     if not is_loopback(settings.host):
         argv += ["--middleware", VLLM_TOKEN_GUARD]
     env = vllm_start_env()
-    if mode in LORA_MODES:
+    capable = started_with(settings, mode)
+    if "lora" in capable:
         argv += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank)]
+        if in_place(mode, settings.none_reload):
+            argv += ["--max-loras", str(LORA_SLOTS)]
         if adapter is not None:
             argv += ["--lora-modules", f"{settings.served_model_name}={adapter}"]
         env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"] = "1"
         env["VLLM_SERVER_DEV_MODE"] = "1"  # /reset_prefix_cache after an in-place reload
-    if mode == "shared_vllm":
+    if in_place(mode, settings.none_reload):
+        # Sleep level 2 frees weights and KV cache while the trainer steps (colocate);
+        # between ``/wake_up?tags=weights`` and ``?tags=kv_cache`` the worker extension opens
+        # the trainer's tensors by CUDA IPC and loads them (``grpo_load_weights``).
+        if "sleep" in capable:
+            argv.append("--enable-sleep-mode")
         argv += [
             "--worker-extension-cls",
             VLLM_WORKER_EXTENSION,
             "--weight-transfer-config",
             json.dumps({"backend": "nccl"}),
         ]
-        env["VLLM_SERVER_DEV_MODE"] = "1"
-    if mode == "colocate":
-        # Sleep level 2 frees weights and KV cache while the trainer steps; between
-        # ``/wake_up?tags=weights`` and ``?tags=kv_cache`` the worker extension opens the
-        # trainer's tensors by CUDA IPC and loads them (``grpo_load_weights``).
-        argv += ["--enable-sleep-mode", "--worker-extension-cls", VLLM_WORKER_EXTENSION]
         env["VLLM_SERVER_DEV_MODE"] = "1"
     return InferenceLaunch(argv=[*argv, *settings.extra_args], env=env, gated=gated)
 
@@ -411,10 +503,11 @@ def _sglang_command(
 ) -> InferenceLaunch:
     """``python -m sglang.launch_server`` with SGLang's flag names.
 
-    Metrics on (``/metrics``) for the dashboard; LoRA modes serve the base as
-    ``<served_model_name>-base`` with runtime adapter loading (``/load_lora_adapter``) on
-    every module and, after a ``lora_restart`` restart, the adapter preloaded under the
-    served name (``--lora-paths NAME=PATH``).
+    Metrics on (``/metrics``) for the dashboard; with LoRA slots (``lora_only``, and
+    ``none`` unless ``enable_lora`` is off, so a switch between them keeps the server)
+    runtime adapter loading (``/load_lora_adapter``) on every module and, after a
+    ``lora_restart`` restart, the adapter preloaded under the served name
+    (``--lora-paths NAME=PATH``).
     """
     if mode in SGLANG_REFUSED:
         raise ValueError(f"backend sglang cannot run mode {mode!r}: {SGLANG_REFUSED[mode]}")
@@ -435,7 +528,7 @@ def _sglang_command(
         "--enable-metrics",
     ]
     argv += _engine_flags(settings, SGLANG_FLAGS)
-    if mode in LORA_MODES:
+    if "lora" in started_with(settings, mode):
         argv += ["--enable-lora", "--max-lora-rank", str(settings.max_lora_rank)]
         argv += ["--lora-target-modules", "all"]
         if adapter is not None:
@@ -460,11 +553,17 @@ def _sglang_launcher(settings: InferenceSettings) -> list[str]:
 
 
 def request_model_name(settings: InferenceSettings, mode: str) -> str:
-    """The ``model`` environments put in their requests for the current policy.
+    """The ``model`` environments ask for until the trainer reports one to the rollout API.
 
-    vLLM and the built-in server serve the LoRA adapter under ``served_model_name``;
-    SGLang's OpenAI API picks an adapter by ``<base name>:<adapter name>``.
+    vLLM and the built-in server serve the preloaded ``lora_restart`` adapter under
+    ``served_model_name``; SGLang's OpenAI API picks an adapter by ``<base>:<adapter>``.
     """
     if settings.backend == "sglang" and mode in LORA_MODES:
         return f"{settings.base_model_name(mode)}:{settings.served_model_name}"
     return settings.served_model_name
+
+
+def adapter_name(served_model_name: str, version: int) -> str:
+    """The name ``lora_only`` serves the adapter of trainer step ``version`` under: each sync
+    loads the new adapter beside the served one, never over it (``sync/lora_only.py``)."""
+    return f"{served_model_name}-step{version}"

@@ -64,7 +64,8 @@ def prune_served(checkpoint_dir: Path, keep: Path, history: int = 2) -> None:
 
     vLLM may reread an adapter's files after the swap (requests still in flight, an
     adapter evicted from its GPU slot): deleting the previous one at once kills its engine.
-    Links (SGLang's ``adapter_current``) belong to their sync strategy and stay.
+    Links stay (SGLang's ``adapter_current``, in run directories from before the two
+    adapter slots).
     """
     root = served_dir(checkpoint_dir)
     others = sorted(

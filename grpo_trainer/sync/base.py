@@ -36,6 +36,8 @@ class SyncContext:
     backend: str  # "builtin" | "vllm" | "sglang"
     delta: bool = False
     """shared_vllm over NCCL: send only the changed elements (``sync/delta.py``)."""
+    none_reload: str = "in_place"
+    """Mode ``none``: ``in_place`` (the running server loads each sync) or ``restart``."""
 
 
 @dataclass(frozen=True)
@@ -59,11 +61,21 @@ class WeightSync(ABC):
     """True when ``attach`` talks to the inference server (the trainer waits for it first:
     the two may start side by side); False where a sync alone reaches it."""
 
+    @property
+    def shares_weights(self) -> bool:
+        """True when the trainer's parameters are views of the server's memory."""
+        return False
+
     def __init__(self, context: SyncContext) -> None:
         self.context = context
+        self.served_model: str | None = None
+        """The ``model`` environments ask inference for the trainer's weights, once known
+        (set by ``attach`` and by syncs that change it); reported with the served version."""
 
     def attach(self, model: nn.Module) -> nn.Module:
-        """Prepare ``model`` for this mode before training starts; returns the model to train."""
+        """Prepare ``model`` for this mode before training starts, or again after inference
+        restarted (a new server to share weights with, open a transfer group to, load the
+        adapter into); returns the model to train."""
         return model
 
     def before_train_step(self) -> None:

@@ -105,3 +105,14 @@ class InferenceClient:
     def close(self) -> None:
         """Close the connection pool."""
         self.http.close()
+
+
+def base_model_name(client: InferenceClient) -> str:
+    """The name the server serves its base model under (``/v1/models``: the first model
+    without a ``parent``; adapters name theirs). It depends on the mode the server started
+    in (``<name>-base`` in a LoRA mode), so the trainer asks instead of assuming."""
+    models = client.get("/v1/models").json().get("data") or []
+    for model in models:
+        if isinstance(model, dict) and model.get("id") and not model.get("parent"):
+            return str(model["id"])
+    raise SyncError(f"{client.base_url}/v1/models lists no base model: {models}")

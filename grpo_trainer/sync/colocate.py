@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from grpo_trainer.sync.base import SyncContext, SyncResult
-from grpo_trainer.sync.client import InferenceClient, SyncError
+from grpo_trainer.sync.client import InferenceClient, SyncError, base_model_name
 from grpo_trainer.sync.cuda_ipc import same_gpu, tensor_handles
 from grpo_trainer.sync.shared import SharedFileSync
 
@@ -132,6 +132,11 @@ class VllmColocateSync(ColocateSharedSync):
 
     sleep_level = 2
 
+    @property
+    def shares_weights(self) -> bool:
+        """The trainer keeps its own copy: vLLM's sleep takes the weights with it."""
+        return False
+
     def attach(self, model: nn.Module) -> nn.Module:
         """Push the start weights through one sleep/wake cycle (also wakes a server that a
         trainer restarted mid-step left asleep, its weights dropped), then read one
@@ -143,6 +148,7 @@ class VllmColocateSync(ColocateSharedSync):
                 "colocate on vLLM needs the trainer on the GPU vLLM runs on "
                 "([trainer] gpus = [inference] gpus, one GPU)"
             )
+        self.served_model = base_model_name(self.client)
         self.before_train_step()
         self.sync(model, 0)
         self._check_loaded(model)

@@ -41,7 +41,7 @@ from grpo_trainer.sync.buckets import (
     gathered_buckets,
     transport_for,
 )
-from grpo_trainer.sync.client import InferenceClient, SyncError
+from grpo_trainer.sync.client import InferenceClient, SyncError, base_model_name
 from grpo_trainer.sync.collective import on_main
 from grpo_trainer.sync.colocate import SleepControl, release_cached_memory
 from grpo_trainer.train.distributed import Dist
@@ -92,6 +92,7 @@ class ColocateRanksSync(WeightSync):
         if hasattr(model, "peft_config"):
             raise SyncError("colocate trains the full model; got a peft (LoRA) model")
         self.check_name = self._main(lambda: self._pick_check(model))
+        self.served_model = self._main(lambda: base_model_name(self._rank0()[0]))
         self.before_train_step()
         self.sync(model, 0)
         return model

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from grpo_trainer.control import SupervisorLink
+from grpo_trainer.serve.capabilities import restarts_inference
 from grpo_trainer.serve.settings import SGLANG_REFUSED
 from grpo_trainer.sync.base import MODES, SyncContext, WeightSync
 from grpo_trainer.sync.colocate import ColocateSharedSync, VllmColocateSync
 from grpo_trainer.sync.lora_only import HotSwapSync
 from grpo_trainer.sync.lora_restart import AdapterRestartSync
-from grpo_trainer.sync.none import RestartSync
-from grpo_trainer.sync.restart import restarts_inference
-from grpo_trainer.sync.sglang import SglangDiskSync
+from grpo_trainer.sync.none import ReloadSync, RestartSync
 from grpo_trainer.sync.shared import SharedFileSync
 from grpo_trainer.sync.vllm_shared import VllmSharedSync
 
@@ -32,9 +31,9 @@ def make_strategy(
     if context.backend == "sglang" and mode in SGLANG_REFUSED:
         raise ValueError(f"backend sglang cannot run mode {mode!r}: {SGLANG_REFUSED[mode]}")
     if mode == "none":
-        if restarts_inference(mode, context.backend):
+        if restarts_inference(mode, context.none_reload):
             return RestartSync(context, link=link)
-        return SglangDiskSync(context)
+        return ReloadSync(context)
     if mode == "lora_restart":
         return AdapterRestartSync(context, link=link)
     if mode == "lora_only":

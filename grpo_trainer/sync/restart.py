@@ -26,16 +26,6 @@ class SupervisorStopping(SyncError):
     """
 
 
-RESTART_MODES = ("none", "lora_restart")
-"""The weight-sync modes whose every sync asks the supervisor to restart inference."""
-
-
-def restarts_inference(mode: str, backend: str) -> bool:
-    """Whether a sync in ``mode`` restarts the inference server of ``backend``: not
-    ``none`` on SGLang, which reloads full weights in place (``sync/sglang.py``)."""
-    return mode in RESTART_MODES and not (mode == "none" and backend == "sglang")
-
-
 def supervisor_missing(mode: str) -> str:
     """Why ``mode`` cannot sync without a supervisor, as one line for the user."""
     return (
@@ -51,6 +41,21 @@ def require_link(link: SupervisorLink | None, mode: str) -> SupervisorLink:
     if link is None:
         raise SyncError(supervisor_missing(mode))
     return link
+
+
+class InferenceRestarts:
+    """What a strategy whose syncs restart inference holds: the supervisor link (required:
+    ``SyncError`` without one) and how long a restart may take."""
+
+    def __init__(
+        self, mode: str, link: SupervisorLink | None = None, timeout: float = 600.0
+    ) -> None:
+        self.link = require_link(link, mode)
+        self.timeout = timeout
+
+    def restart(self, client: InferenceClient, args: dict[str, Any]) -> None:
+        """``restart_inference`` with this strategy's link and timeout."""
+        restart_inference(self.link, client, args, timeout=self.timeout)
 
 
 def restart_inference(

@@ -87,16 +87,19 @@ class ShardedSync(WeightSync):
         if self.mode == "shared_vllm":
             self._on_main(lambda: self._transfer.open_transfer(model))
             self.sync(model, 0)
-            return model
-        mirror = self.consolidator.gather(model)
-        self._on_main(lambda: self._inner_attach(mirror))
+        else:
+            mirror = self.consolidator.gather(model)
+            self._on_main(lambda: self._inner_attach(mirror))
+        self.served_model = self.inner.served_model if self.inner is not None else None
         return model
 
     def sync(self, model: nn.Module, step: int) -> SyncResult:
         """Push the current weights; the same result (or error) on every rank."""
         if self.mode != "shared_vllm":
             mirror = self.consolidator.gather(model)
-            return self._on_main(lambda: self._inner_sync(mirror, step))
+            result = self._on_main(lambda: self._inner_sync(mirror, step))
+            self.served_model = self.inner.served_model if self.inner is not None else None
+            return result
         start = time.perf_counter()
         dtype = str(self.dtype).removeprefix("torch.")
         params = [(name, list(p.shape), dtype) for name, p in model.named_parameters()]

@@ -18,7 +18,7 @@ from torch import nn
 
 from grpo_trainer.serve.shared import map_shared_weights
 from grpo_trainer.sync.base import SyncContext, SyncResult, WeightSync
-from grpo_trainer.sync.client import InferenceClient, SyncError
+from grpo_trainer.sync.client import InferenceClient, SyncError, base_model_name
 from grpo_trainer.sync.cuda_ipc import map_server_weights, same_gpu, share_parameters
 
 
@@ -62,10 +62,15 @@ class SharedFileSync(PausedUpdateSync):
     through CUDA IPC (the trainer on the same GPU), as with vLLM.
     """
 
+    @property
+    def shares_weights(self) -> bool:
+        return True
+
     def attach(self, model: nn.Module) -> nn.Module:
         """Copy the trainer's weights into the server's (server paused), then share them."""
         if hasattr(model, "peft_config"):
             raise SyncError("shared_vllm trains the full model; got a peft (LoRA) model")
+        self.served_model = base_model_name(self.client)
         answer = self.client.get("/v1/shared_weights").json()
         if answer["transport"] == "cuda_ipc":
             if not same_gpu(self.client, model):

@@ -38,7 +38,7 @@ from torch import nn
 
 from grpo_trainer.control import SupervisorLink, report_event
 from grpo_trainer.sync.base import SyncContext, SyncResult
-from grpo_trainer.sync.client import SyncError
+from grpo_trainer.sync.client import SyncError, base_model_name
 from grpo_trainer.sync.cuda_ipc import map_server_weights, same_gpu, share_parameters
 from grpo_trainer.sync.delta import BUCKET_BYTES, DeltaSender, Entry, SendStats
 from grpo_trainer.sync.shared import PausedUpdateSync
@@ -83,6 +83,10 @@ class VllmSharedSync(PausedUpdateSync):
         """vLLM's packed NCCL broadcast buffer for a full sync (None: vLLM's default)."""
         self.delta_bucket_bytes = BUCKET_BYTES
 
+    @property
+    def shares_weights(self) -> bool:
+        return self.zero_copy
+
     def attach(self, model: nn.Module) -> nn.Module:
         """Share vLLM's weights on the same GPU, else open the NCCL transfer group."""
         if hasattr(model, "peft_config"):
@@ -90,6 +94,7 @@ class VllmSharedSync(PausedUpdateSync):
         device = next(model.parameters()).device
         if device.type != "cuda":
             raise SyncError("shared_vllm on vLLM needs the trainer on a CUDA device")
+        self.served_model = base_model_name(self.client)
         self.zero_copy = same_gpu(self.client, model)
         if self.zero_copy:
             views = map_server_weights(self.client, model)
@@ -242,6 +247,7 @@ class VllmSharedSync(PausedUpdateSync):
                 "shared_vllm with a multi-GPU trainer needs vLLM off rank 0's GPU (NCCL weight "
                 "transfer): zero-copy sharing needs the whole model on one trainer GPU"
             )
+        self.served_model = base_model_name(self.client)
         self._init_nccl(device)
         self._layout = self._kernel_layout(model)
         self._start_delta()

@@ -14,8 +14,9 @@ import os
 import sys
 
 from grpo_trainer.control import SOCKET_ENV
+from grpo_trainer.serve.capabilities import restarts_inference
 from grpo_trainer.start_gate import wait_for_start
-from grpo_trainer.sync.restart import restarts_inference, supervisor_missing
+from grpo_trainer.sync.restart import supervisor_missing
 from grpo_trainer.train.config import EXIT_BAD_CONFIG, ConfigError, TrainerConfig
 
 
@@ -24,7 +25,7 @@ def preflight(config: TrainerConfig) -> list[str]:
     problems = []
     if (
         config.sync_every
-        and restarts_inference(config.weight_bridge_mode, config.inference_backend)
+        and restarts_inference(config.weight_bridge_mode, config.none_reload)
         and not os.environ.get(SOCKET_ENV)
     ):
         problems.append(supervisor_missing(config.weight_bridge_mode))

@@ -80,6 +80,8 @@ class ApiClient:
         self.registration: Registration | None = None
         self.step = 0
         self.served_version: int | None = None
+        self.served_model: str | None = None
+        self.served_incarnation: int | None = None
         self._serves_versions = True  # False: the API has no /served-version (Atropos)
         self._needs_register = True
 
@@ -125,18 +127,28 @@ class ApiClient:
         self._needs_register = False
         self._post_served()  # a registration resets what the API knows of it
 
-    def served(self, version: int) -> None:
-        """``POST /served-version``: inference serves the weights of step ``version``, so
-        environments tag their samples with it (best effort: an outage skips it, and the
-        next registration or sync sends it again)."""
+    def served(
+        self, version: int, model: str | None = None, incarnation: int | None = None
+    ) -> None:
+        """``POST /served-version``: inference serves the weights of step ``version`` under
+        ``model`` (pushed to inference ``incarnation``), so environments tag their samples
+        with it and ask for that name (best effort: an outage skips it, and the next
+        registration or sync sends it again)."""
         self.served_version = version
+        self.served_model = model
+        self.served_incarnation = incarnation
         self._post_served()
 
     def _post_served(self) -> None:
         if self.served_version is None or not self._serves_versions:
             return
         try:
-            response = self.http.post("/served-version", json={"version": self.served_version})
+            body = {
+                "version": self.served_version,
+                "model": self.served_model,
+                "incarnation": self.served_incarnation,
+            }
+            response = self.http.post("/served-version", json=body)
         except httpx.TransportError:
             self._needs_register = True
             return

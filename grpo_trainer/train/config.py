@@ -131,6 +131,10 @@ class TrainerConfig(BaseModel):
     served_model_name: str = Field("policy", min_length=1)
     inference_backend: Backend = "builtin"
     weight_bridge_mode: WeightBridgeMode = "none"
+    none_reload: Literal["in_place", "restart"] = Field(
+        "in_place",
+        description="mode none: the server loads each sync in place, or restarts on it",
+    )
     sync_every: int = Field(1, ge=0, description="steps between syncs; 0 = never sync")
     max_sync_lag: int = Field(3, ge=0, description="max steps trained on stale weights")
     sync_retries: int = Field(3, ge=0)

@@ -44,7 +44,6 @@ from grpo_trainer.live_edits import EditWatcher
 from grpo_trainer.records.timeline import SYNC_PHASES
 from grpo_trainer.sync.base import WeightSync
 from grpo_trainer.sync.client import SyncError
-from grpo_trainer.sync.restart import SupervisorStopping
 from grpo_trainer.train.api_client import LeasedBatch
 from grpo_trainer.train.checkpoint import (
     load_trainer_state,
@@ -71,15 +70,12 @@ from grpo_trainer.train.recording import StepRecorder
 from grpo_trainer.train.reporter import Reporter
 from grpo_trainer.train.resume import ResumePoint
 from grpo_trainer.train.sources import BatchSource
+from grpo_trainer.train.weight_path import SyncLagExceeded, WeightPath
 
 READY_LINE = "grpo-trainer ready"
 """Printed once the data source is connected (the supervisor's log_line readiness probe)."""
 STALENESS_BUCKETS = 4
 """``staleness/lag0`` .. ``lag3`` and ``lag4+``: the share of a step's sequences per lag."""
-
-
-class SyncLagExceeded(RuntimeError):
-    """Weight sync kept failing and training would run on weights staler than allowed."""
 
 
 @dataclass
@@ -195,6 +191,9 @@ class Trainer:
         self.last_synced_step = self.step
         self.last_saved_step = self.step
         self.stop_requested = False
+        self.path = WeightPath(self)
+        if self.world.is_main:
+            self.path.incarnation.adopt()  # the server ``attach`` just reached
 
     def request_stop(self) -> None:
         """Finish the current step, checkpoint, and return from ``run`` (SIGTERM handler)."""
@@ -204,18 +203,21 @@ class Trainer:
         """Train until ``training_steps`` or a stop request; returns the last step."""
         if self.source is not None:
             self.source.start(self.step)
-            self.source.served(self.policy_version)
+        self.path.report()
         print(READY_LINE, flush=True)
         if on_ready is not None:
             on_ready()
         clock = PhaseClock(self.reporter.phase, self.step)
         try:
             while self.step < self.config.training_steps and not self.stop_requested:
+                self.path.take()
                 wait_start = time.perf_counter()
                 with nullcontext() if self.recorder is None else self.recorder.waiting():
                     leased = self._next_batch()
                 if leased is None:
-                    break
+                    # stopped, or a notice came (an inference restart, a mode switch)
+                    self.stop_requested = self.world.any(self.stop_requested)
+                    continue
                 data_wait = time.perf_counter() - wait_start
                 self.apply_edits()
                 groups = parse_groups(leased.groups)
@@ -349,11 +351,15 @@ class Trainer:
         A failure on rank 0 (bad data, API gone) reaches the other ranks as a ``DataError``
         so that no rank waits forever in the broadcast.
         """
+
+        def interrupted() -> bool:
+            return self.stop_requested or self.path.pending()
+
         if self.source is not None and not self.world.enabled:
-            return self.source.next_batch(self.step, lambda: self.stop_requested)
+            return self.source.next_batch(self.step, interrupted)
         if self.source is not None:
             try:
-                leased = self.source.next_batch(self.step, lambda: self.stop_requested)
+                leased = self.source.next_batch(self.step, interrupted)
             except Exception as exc:
                 self.world.broadcast(("error", str(exc)))
                 raise
@@ -605,6 +611,7 @@ class Trainer:
 
         A restart refused because the supervisor is shutting down is a stop request: no
         retry, and ``run`` checkpoints and returns (the supervisor is stopping us anyway).
+        An inference restart seen between two attempts is followed first (``WeightPath``).
         """
         every = self.config.sync_every
         if self.strategy is None or every == 0:
@@ -612,38 +619,20 @@ class Trainer:
         metrics: dict[str, float] = {}
         failure = ""
         if self.step % every == 0:
-            delay = 0.5
-            for attempt in range(self.config.sync_retries + 1):
-                try:
-                    result = self.strategy.sync(self.model, self.step)
-                except SupervisorStopping as exc:
-                    self.reporter.event("info", f"stopping after step {self.step}: {exc}")
-                    self.stop_requested = True
-                    return {}
-                except Exception as exc:  # a strategy may fail in many ways; all are retried
-                    failure = f" (last failure: {exc})"
-                    self.reporter.event(
-                        "warning",
-                        f"weight sync at step {self.step} failed (attempt {attempt + 1}): {exc}",
-                    )
-                    if attempt < self.config.sync_retries:
-                        time.sleep(delay)
-                        delay = min(delay * 2, 10.0)
-                    continue
-                self.policy_version = result.policy_version
-                self.last_synced_step = self.step
-                if self.source is not None:
-                    self.source.served(self.policy_version)
+            result, failure = self.path.attempt("weight sync")
+            if self.stop_requested and result is None:
+                return {}
+            if result is not None:
                 metrics["sync_time"] = result.sync_time
                 metrics |= {f"sync/{name}_time": t for name, t in result.phases.items()}
-                break
         stale = self.step - self.last_synced_step
         if stale > self.config.max_sync_lag:
             raise SyncLagExceeded(
                 f"inference still serves step {self.last_synced_step} weights after step "
                 f"{self.step}: {stale} steps on stale weights is more than --max-sync-lag "
                 f"{self.config.max_sync_lag}; stopping (a checkpoint of step {self.step} "
-                f"is written, resume with --resume auto){failure}"
+                f"is written, resume with --resume auto)"
+                + (f" (last failure: {failure})" if failure else "")
             )
         metrics["policy_version"] = float(self.policy_version)
         return metrics

@@ -16,13 +16,14 @@ from grpo_trainer.train.api_client import ApiClient, ApiRefused, ApiUnreachable,
 from grpo_trainer.train.config import EXIT_BAD_CONFIG, TrainerConfig
 from grpo_trainer.train.data import DataError
 from grpo_trainer.train.distributed import Dist, init_distributed, shutdown_distributed
-from grpo_trainer.train.loop import SyncLagExceeded, Trainer, install_signal_handlers
+from grpo_trainer.train.loop import Trainer, install_signal_handlers
 from grpo_trainer.train.memory_fit import GpuDoesNotFit, footprint, startup_problem
 from grpo_trainer.train.policy import build_policy, reference_model
 from grpo_trainer.train.recording import StepRecorder, fast_decode
 from grpo_trainer.train.reporter import Reporter
 from grpo_trainer.train.resume import ResumePoint, resolve_resume, resume_from_path
 from grpo_trainer.train.sources import ApiSource, BatchSource, FileSource
+from grpo_trainer.train.weight_path import SyncLagExceeded
 
 
 def resume_point(config: TrainerConfig) -> ResumePoint | None:
@@ -77,6 +78,7 @@ def sync_context(config: TrainerConfig) -> SyncContext:
         checkpoint_dir=config.checkpoint_dir,
         backend=config.inference_backend,
         delta=config.weight_transfer_delta,
+        none_reload=config.none_reload,
     )
 
 

@@ -28,8 +28,11 @@ class BatchSource(Protocol):
     def done(self, batch: LeasedBatch, step: int) -> None:
         """The optimizer step on ``batch`` finished; ``step`` steps are now complete."""
 
-    def served(self, version: int) -> None:
-        """Inference now serves the weights of step ``version`` (start-up, each sync)."""
+    def served(
+        self, version: int, model: str | None = None, incarnation: int | None = None
+    ) -> None:
+        """Inference now serves the weights of step ``version`` under ``model``, pushed to
+        inference ``incarnation`` (start-up, each sync, each re-attach)."""
 
     def close(self) -> None:
         """Release connections."""
@@ -51,8 +54,10 @@ class ApiSource:
     def done(self, batch: LeasedBatch, step: int) -> None:
         self.client.ack(batch, step)
 
-    def served(self, version: int) -> None:
-        self.client.served(version)
+    def served(
+        self, version: int, model: str | None = None, incarnation: int | None = None
+    ) -> None:
+        self.client.served(version, model, incarnation)
 
     def close(self) -> None:
         self.client.close()
@@ -129,7 +134,9 @@ class FileSource:
     def done(self, batch: LeasedBatch, step: int) -> None:
         """Nothing to acknowledge in a file."""
 
-    def served(self, version: int) -> None:
+    def served(
+        self, version: int, model: str | None = None, incarnation: int | None = None
+    ) -> None:
         """Nobody samples from a file."""
 
     def close(self) -> None:

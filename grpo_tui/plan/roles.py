@@ -20,6 +20,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from grpo_trainer.live_edits import record_edit
+from grpo_trainer.serve.capabilities import switch_restarts_inference
 from grpo_trainer.serve.settings import InferenceSettings
 from grpo_tui.plan.checks import memory_fit, read_adjustments, read_settings
 from grpo_tui.plan.cluster import Allocation, ClusterSettings, Placed
@@ -36,6 +37,7 @@ from grpo_tui.plan.profile import (
 from grpo_tui.plan.settings import RESTART_SYNC_EVERY, RoleSettings, with_keys
 from grpo_tui.plan.specs import adjusted, role_spec, source
 from grpo_tui.plan.topology import Topology, cluster_problems, plan_topology
+from grpo_tui.stack.modes import SwitchPlan
 from grpo_tui.supervisor.control import ControlEndpoint
 from grpo_tui.supervisor.spec import ProcessSpec
 
@@ -195,6 +197,21 @@ class Plan:
         spec = ProcessSpec.model_validate({**current.model_dump(), **args})
         self.specs = [spec if s.name == name else s for s in self.specs]
         return spec
+
+    def mode_switch(self, mode: str) -> SwitchPlan:
+        """What a switch of this run to ``mode`` restarts, each with the reason: inference
+        where its engine needs it (``capabilities.switch_restarts_inference``), the trainer
+        unless it is one local process (which switches in place)."""
+        roles = self.roles
+        if roles.inference is None:
+            return SwitchPlan(inference="this run has no inference role", trainer=None)
+        trainer = None
+        if roles.settings.trainer_ranks > 1 or roles.cluster.slurm:
+            trainer = "a trainer of several ranks or on a cluster restarts into a new mode"
+        return SwitchPlan(
+            inference=switch_restarts_inference(roles.inference, roles.mode, mode),
+            trainer=trainer,
+        )
 
     def edit(self, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, ProcessSpec]]:
         """The supervisor's ``edit`` callback: a live edit validated, kept and written

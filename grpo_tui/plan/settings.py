@@ -17,8 +17,8 @@ from typing import Any, TypeVar
 
 from grpo_trainer.api.settings import ApiSettings
 from grpo_trainer.envs.settings import EnvSettings
+from grpo_trainer.serve.capabilities import restarts_inference
 from grpo_trainer.serve.settings import InferenceSettings
-from grpo_trainer.sync.restart import restarts_inference
 from grpo_trainer.train.config import TrainerConfig
 from grpo_tui.plan.cluster import Allocation, ClusterSettings, Placed
 from grpo_tui.plan.profile import Problem, Profile
@@ -40,6 +40,7 @@ TRAINER_WIRED = {
     "inference_url": "[inference]",
     "served_model_name": "inference.served_model_name",
     "inference_backend": "inference.backend",
+    "none_reload": "inference.none_reload",
     "weight_bridge_mode": "run.mode (or --mode)",
     "save_path": "the run directory (RUN/checkpoints)",
 }
@@ -191,7 +192,7 @@ def trainer_config(settings: RoleSettings, mode: str) -> TrainerConfig:
     inference = settings.inference or InferenceSettings()
     group_sizes = {env.group_size for env in settings.envs if env is not None}
     defaults: dict[str, Any] = {"seed": settings.seed, "resume": "auto"}
-    if restarts_inference(mode, inference.backend):
+    if restarts_inference(mode, inference.none_reload):
         # Each sync restarts the inference server (seconds on a CPU, a minute for vLLM):
         # sync every few steps unless the profile says otherwise.
         defaults.update(sync_every=RESTART_SYNC_EVERY, max_sync_lag=RESTART_SYNC_EVERY - 1)
@@ -206,6 +207,7 @@ def trainer_config(settings: RoleSettings, mode: str) -> TrainerConfig:
         "inference_url": settings.inference_url,
         "served_model_name": inference.served_model_name,
         "inference_backend": inference.backend,
+        "none_reload": inference.none_reload,
         "weight_bridge_mode": mode,
         "save_path": str(settings.checkpoint_dir),
     }

@@ -14,8 +14,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from grpo_trainer.api.settings import TOKEN_ENV
+from grpo_trainer.serve.capabilities import restarts_inference
 from grpo_trainer.serve.settings import InferenceSettings, inference_command, request_model_name
-from grpo_trainer.sync.restart import restarts_inference
 from grpo_tui.plan.launchers import Launch
 from grpo_tui.plan.overrides import Overrides
 from grpo_tui.plan.profile import KeyPath
@@ -226,7 +226,7 @@ def _standby(served: InferenceSettings, overrides: Overrides) -> bool:
     """Keep a gated next incarnation of inference ready: vLLM in every mode (a crash
     restart would wait 20-30 s of imports; a standby holds host memory, no GPU memory),
     the built-in server where the mode restarts it at each sync."""
-    return served.backend == "vllm" or restarts_inference(overrides.mode, served.backend)
+    return served.backend == "vllm" or restarts_inference(overrides.mode, served.none_reload)
 
 
 def _loads_alongside(settings: RoleSettings, trainer_device: str) -> bool:

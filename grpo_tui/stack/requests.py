@@ -1,10 +1,12 @@
 """The control-socket actions the GRPO stack adds to the supervisor's own (status, restart,
-stop, start, kill): ``switch_mode`` (``args.mode``) and ``edit`` (``args``: the values)."""
+stop, start, kill): ``switch_mode`` (``args.mode``), ``edit`` (``args``: the values) and
+``mode_switched`` (the trainer's answer to an in-place switch, ``args``: ``ModeSwitched``)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from grpo_trainer.run_notices import ModeSwitched
 from grpo_tui.supervisor.requests import ControlRequest, RequestHandler
 
 if TYPE_CHECKING:
@@ -24,4 +26,8 @@ def stack_requests(stack: GrpoStack) -> dict[str, RequestHandler]:
         await stack.switch_mode(mode)
         return {"mode": mode}
 
-    return {"edit": edit, "switch_mode": switch_mode}
+    async def mode_switched(request: ControlRequest) -> dict[str, Any]:
+        stack.switch_answers.answer(ModeSwitched.model_validate(request.args))
+        return {}
+
+    return {"edit": edit, "switch_mode": switch_mode, "mode_switched": mode_switched}

@@ -9,7 +9,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from grpo_tui.stack.edits import Editor, apply_edit
-from grpo_tui.stack.modes import switch_mode
+from grpo_tui.stack.inference_life import InferenceLifeWriter
+from grpo_tui.stack.modes import SwitchAnswers, SwitchPlanner, switch_mode
 from grpo_tui.stack.requests import stack_requests
 from grpo_tui.stack.stall import StallWatch
 from grpo_tui.supervisor.outcome import RunOutcome
@@ -30,10 +31,13 @@ class GrpoStack:
         *,
         editor: Editor | None = None,
         stall: StallWatch | None = None,
+        planner: SwitchPlanner | None = None,
     ) -> None:
         self.supervisor = supervisor
         self.editor = editor
         self.stall = stall
+        self.planner = planner
+        self.switch_answers = SwitchAnswers()
         for action, handler in stack_requests(self).items():
             supervisor.handle(action, handler)
 
@@ -64,17 +68,18 @@ class GrpoStack:
                 headers={"Authorization": f"Bearer {token}"} if token else None,
                 step_sequences=trainer_config(settings, plan.roles.mode).step_batch_size,
             )
-        return cls(supervisor, editor=plan.edit, stall=stall)
+        return cls(supervisor, editor=plan.edit, stall=stall, planner=plan.mode_switch)
 
     @property
     def run_dir(self) -> Path:
         return self.supervisor.run_dir
 
     async def run(self) -> RunOutcome:
-        """Supervise the run to its end (``Supervisor.run``), watching for stalls."""
+        """Supervise the run to its end (``Supervisor.run``), watching for stalls and writing
+        inference's incarnations for the trainer and the rollout API (``inference_life.py``)."""
         watching = asyncio.create_task(self.stall.watch()) if self.stall else None
         try:
-            return await self.supervisor.run()
+            return await InferenceLifeWriter(self.supervisor).run(self.supervisor.run())
         finally:
             if watching is not None:
                 watching.cancel()
@@ -82,8 +87,9 @@ class GrpoStack:
                     await watching
 
     async def switch_mode(self, mode: str) -> None:
-        """See :func:`grpo_tui.stack.modes.switch_mode`."""
-        await switch_mode(self.supervisor, mode)
+        """See :func:`grpo_tui.stack.modes.switch_mode`: in place when the plan says nothing
+        must restart (a stack without a plan restarts inference and the trainer)."""
+        await switch_mode(self.supervisor, mode, planner=self.planner, answers=self.switch_answers)
 
     def edit(self, values: Mapping[str, Any]) -> dict[str, Any]:
         """See :func:`grpo_tui.stack.edits.apply_edit`."""

@@ -162,6 +162,8 @@ def test_status_env_fields_and_offpolicy_pause(api: httpx.Client) -> None:
     assert by_body == {
         "current_step": 0,
         "served_version": None,
+        "served_model": None,
+        "inference_held": False,
         "queue_size": 6,
         "unallocated_fraction": 1.0,
         "self_queue_size": 5,

@@ -85,12 +85,6 @@ def test_a_run_under_faults_keeps_its_contract(
 
 @pytest.mark.e2e
 @pytest.mark.timeout(180)
-@pytest.mark.xfail(
-    strict=True,
-    reason="the life-switch branch (the trainer re-attaches to a restarted server): in "
-    "lora_restart a crash-restarted server serves no adapter until the trainer's next sync "
-    "restart, which never comes (environments get 404 for the adapter's name)",
-)
 def test_lora_restart_inference_killed_between_syncs_serves_the_adapter_again(
     tmp_path: Path, cli: list[HeadlessCli]
 ) -> None:

@@ -3,13 +3,20 @@
 
 The real Supervisor over the real role plan of a shortened quickstart copy, in this
 process; ``GrpoStack.switch_mode`` is called once the trainer has reported a few steps in
-each mode. Asserted:
+each mode. Two ways through the same switches:
 
-- the trainer's step records over the whole run are exactly 1..STEPS, each once: every
-  incarnation continues where the previous one checkpointed (no reset, no jump back);
-- the trainer was spawned once per mode, each in the next mode, and each restart announced
-  it resumed at the step the previous incarnation ended on; inference was rebuilt with
-  the new mode's flags (shared weights, shared weights with sleep mode, LoRA);
+- **in place** (the plan's answer: the server has every capability, the trainer is one
+  process): inference and the trainer keep their pids through every switch; the trainer
+  switched its weight sync at a step boundary (its own events say so, and no restart);
+- **by restarts** (a stack without the plan, and a server with only its mode's
+  capabilities): the trainer was spawned once per mode, each in the next mode, and each
+  restart announced it resumed at the step the previous incarnation ended on; inference was
+  rebuilt with the new mode's flags (LoRA slots, sleep mode).
+
+In both:
+
+- the trainer's step records over the whole run are exactly 1..STEPS, each once (no reset,
+  no jump back, no step lost or duplicated);
 - no rollout group is lost: groups the API received = groups served + still queued, and
   the groups served are exactly STEPS batches (every step acknowledged once);
 - the run ends with exit code 0 and leaves no process carrying its run id.
@@ -19,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -33,12 +39,10 @@ from e2e_stack import (
     trainer_steps,
 )
 from e2e_stack import quickstart_copy as make_profile
+from grpo_stack_run import Stack
 
-from grpo_tui.headless import write_run_dir
 from grpo_tui.plan.profile import load_profile
 from grpo_tui.plan.roles import Plan, build_plan
-from grpo_tui.stack.stack import GrpoStack
-from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
 
 STEPS = 15
 START_MODE = "lora_only"
@@ -49,51 +53,12 @@ SYNC_EVERY = 2
 GROUPS_PER_STEP = quickstart_value("trainer", "batch_size") // quickstart_value("env", "group_size")
 
 
-class Stack:
-    """A supervised run of a plan, as a task of this event loop."""
-
-    def __init__(self, plan: Plan) -> None:
-        self.plan = plan
-        write_run_dir(plan)
-        self.supervisor = Supervisor(
-            plan.specs, plan.run_dir, exit_with=plan.exit_with, respec=plan.respec
-        )
-        self.grpo = GrpoStack(self.supervisor)
-        self.task: asyncio.Task[RunOutcome] = asyncio.create_task(self.supervisor.run())
-
-    def latest_step(self) -> int:
-        series = self.supervisor.metrics.series("loss")
-        return int(series[-1][1] or 0) if series else 0
-
-    async def until(self, condition: Callable[[], bool], deadline_s: float, what: str) -> None:
-        """Poll ``condition`` (a real state of the run) until true; fail on run end."""
-        async with asyncio.timeout(deadline_s):
-            while not condition():
-                if self.task.done():
-                    raise AssertionError(f"run ended while waiting for {what}: {self.task}")
-                await asyncio.sleep(0.1)
-
-
-@pytest.fixture
-async def stacks() -> AsyncIterator[list[Stack]]:
-    """Stacks started by a test; any still running at teardown are shut down in order."""
-    started: list[Stack] = []
-    yield started
-    for stack in started:
-        if not stack.task.done():
-            await stack.supervisor.shutdown("test teardown")
-        await asyncio.gather(stack.task, return_exceptions=True)
-
-
-@pytest.mark.e2e
-@pytest.mark.timeout(420)
-async def test_lora_to_shared_vllm_to_colocate_to_lora_keeps_steps_and_rollouts(
-    tmp_path: Path, stacks: list[Stack]
-) -> None:
+def switching_profile(tmp_path: Path, inference: dict[str, object]) -> Plan:
     path = make_profile(
         tmp_path,
         mode=START_MODE,
         overrides={
+            "inference": inference,
             "trainer": {
                 "training_steps": STEPS,
                 "checkpoint_interval": 100,  # only the checkpoints a switch asks for
@@ -102,10 +67,13 @@ async def test_lora_to_shared_vllm_to_colocate_to_lora_keeps_steps_and_rollouts(
             },
         },
     )
-    stack = Stack(build_plan(load_profile(path)))
-    stacks.append(stack)
-    run_dir = stack.plan.run_dir
+    return build_plan(load_profile(path))
 
+
+async def switches_to_the_end(stack: Stack) -> list[int]:
+    """Each switch once its step is reached, then the run to its end: exit 0, nothing of it
+    left running, nothing lost. Returns the last step before each switch."""
+    run_dir = stack.plan.run_dir
     await stack.until(lambda: bool(spawns(run_dir, "trainer")), 120, "the trainer's spawn")
     run_id = run_id_of(spawns(run_dir, "trainer")[0][0])
     ended_at: list[int] = []
@@ -116,10 +84,57 @@ async def test_lora_to_shared_vllm_to_colocate_to_lora_keeps_steps_and_rollouts(
     outcome = await asyncio.wait_for(stack.task, 240)
     assert outcome.exit_code == 0, outcome
     assert tagged(run_id) == [], "processes of the run outlived it"
+    print(f"mode switches after steps {ended_at}")
+    assert_nothing_lost(run_dir)
+    return ended_at
 
+
+def assert_nothing_lost(run_dir: Path) -> None:
     steps = [step for step, _ in trainer_steps(run_dir)]
-    print(f"mode switches after steps {ended_at}; steps {steps}")
+    print(f"steps {steps}")
     assert steps == list(range(1, STEPS + 1))
+    counts = queue_counts(run_dir)
+    print(f"queue {counts}")
+    assert counts["received"] == counts["served"] + counts["queued"], counts
+    assert counts["served"] == STEPS * GROUPS_PER_STEP, counts
+    saved = {p.name for p in (run_dir / "checkpoints").iterdir()}
+    assert f"step_{STEPS}" in saved
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(420)
+async def test_switches_in_place_keep_inference_and_trainer_running(
+    tmp_path: Path, stacks: list[Stack]
+) -> None:
+    plan = switching_profile(tmp_path, {})
+    stack = Stack(plan, plan.mode_switch)
+    stacks.append(stack)
+    run_dir = plan.run_dir
+    await switches_to_the_end(stack)
+
+    assert len(spawns(run_dir, "trainer")) == 1, "the trainer kept its pid through every switch"
+    assert len(spawns(run_dir, "inference")) == 1, "inference kept its pid through every switch"
+    messages = [e["message"] for e in events(run_dir, "Notice")]
+    switched = [m for m in messages if re.search(r"weight-sync mode \S+ -> \S+ in place", m)]
+    assert [re.search(r"-> (\S+)", m).group(1) for m in switched] == [
+        mode for mode, _ in SWITCH_AT
+    ], switched
+    active = [m for m in messages if m.startswith("mode ") and "switched in place" in m]
+    assert len(active) == len(SWITCH_AT), messages
+    assert not any("resuming from" in m for m in messages), "no trainer resumed: none restarted"
+
+
+@pytest.mark.e2e
+@pytest.mark.timeout(420)
+async def test_lora_to_shared_vllm_to_colocate_to_lora_keeps_steps_and_rollouts(
+    tmp_path: Path, stacks: list[Stack]
+) -> None:
+    """By restarts: no plan to ask, and a server with only its mode's capabilities."""
+    plan = switching_profile(tmp_path, {"enable_lora": False, "enable_sleep_mode": False})
+    stack = Stack(plan, None)
+    stacks.append(stack)
+    run_dir = plan.run_dir
+    ended_at = await switches_to_the_end(stack)
 
     trainers = spawns(run_dir, "trainer")
     assert len(trainers) == len(SWITCH_AT) + 1
@@ -133,22 +148,12 @@ async def test_lora_to_shared_vllm_to_colocate_to_lora_keeps_steps_and_rollouts(
         *(mode for mode, _ in SWITCH_AT),
     ]
     inference = [c for c in commands if "grpo_trainer.serve" in c]
-    flags = [
-        ("--enable-lora" in c, "--shared-weights" in c, "--enable-sleep-mode" in c)
-        for c in inference
-    ]
-    assert flags[0] == (True, False, False) and (False, True, False) in flags
-    assert flags[-2:] == [(False, True, True), (True, False, False)], flags
+    flags = [("--enable-lora" in c, "--enable-sleep-mode" in c) for c in inference]
+    assert flags[0] == (True, False) and (False, False) in flags
+    assert flags[-2:] == [(False, True), (True, False)], flags
     resumed = [
         int(m.group(1))
         for e in events(run_dir, "Notice")
         if (m := re.search(r"resuming from \S+ at step (\d+)", e["message"]))
     ]
     assert resumed == ended_at, (resumed, ended_at)
-
-    counts = queue_counts(run_dir)
-    print(f"queue {counts}")
-    assert counts["received"] == counts["served"] + counts["queued"], counts
-    assert counts["served"] == STEPS * GROUPS_PER_STEP, counts
-    saved = {p.name for p in (run_dir / "checkpoints").iterdir()}
-    assert f"step_{STEPS}" in saved

@@ -175,9 +175,10 @@ async def test_status_returned_with_a_post_saves_the_next_status_request(
     group = build_group([1, 2, 3], samples, [1, 0], temperature=1.0, policy_version=0)
     try:
         assert await runner.register() is not None
-        assert await runner._wait_for_room() == 0
+        model = runner.settings.model_name  # no served name reported: the env's own
+        assert await runner._wait_for_room() == (0, model)
         assert await runner._post(group)  # half a batch queued: room left
-        assert await runner._wait_for_room() == 0
+        assert await runner._wait_for_room() == (0, model)
         assert counting.paths.count("/status-env") == 1
         assert await runner._post(group)  # one whole batch queued: the bound
         runner.status_poll = 0.05
@@ -190,7 +191,7 @@ async def test_status_returned_with_a_post_saves_the_next_status_request(
         await asyncio.wait_for(asked_again(), 30)
         assert not waiting.done()  # the full queue was asked about, not assumed
         assert len(trainer.take()) == 2
-        assert await asyncio.wait_for(waiting, 30) == 1
+        assert await asyncio.wait_for(waiting, 30) == (1, model)
     finally:
         runner.stop()
         await runner.api.aclose()

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from grpo_trainer.serve.settings import SGLANG_REFUSED
 from grpo_tui.cli import app
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,6 +24,7 @@ def test_profiles_exist() -> None:
         "gsm8k-qwen2.5-3b-shared.toml",
         "gsm8k-qwen2.5-3b-lora.toml",
         "qwen2.5-7b-4gpu.toml",
+        "quickstart-sglang.toml",
     } <= names
 
 
@@ -41,7 +43,12 @@ def test_check_passes_and_prints_the_plan(profile: Path) -> None:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("profile", PROFILES, ids=lambda p: p.name)
 def test_every_profile_checks_in_every_mode(profile: Path, mode: str) -> None:
+    """Every mode but those the profile's engine cannot run, which are refused with why."""
     result = CliRunner().invoke(app, ["check", str(profile), "--mode", mode, "--profile-only"])
+    if 'backend = "sglang"' in profile.read_text() and mode in SGLANG_REFUSED:
+        assert result.exit_code == 2, result.output
+        assert f"backend sglang cannot run mode {mode!r}" in result.output
+        return
     assert result.exit_code == 0, result.output
     assert f"mode={mode}" in result.output
     if mode == "none":  # the trainer's default mode: its command leaves the flag out

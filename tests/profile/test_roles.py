@@ -267,8 +267,17 @@ def test_process_table_adjusts_a_role_process(tmp_path: Path) -> None:
 
 
 def test_restart_modes_sync_every_few_steps_unless_the_profile_says(tmp_path: Path) -> None:
-    for mode, expected in [("none", 4), ("lora_restart", 4), ("shared_vllm", 1)]:
-        plan = plan_for(QUICKSTART, tmp_path / mode, mode=mode)
+    """``none`` reloads in place (every step) unless ``none_reload`` asks for restarts."""
+    restarting = tmp_path / "restarting.toml"
+    restarting.write_text(
+        QUICKSTART.read_text().replace(
+            'dtype = "float32"', 'dtype = "float32"\nnone_reload = "restart"'
+        )
+    )
+    cases = [(QUICKSTART, "none", 1), (restarting, "none", 4), (QUICKSTART, "lora_restart", 4),
+             (QUICKSTART, "shared_vllm", 1)]  # fmt: skip
+    for profile, mode, expected in cases:
+        plan = plan_for(profile, tmp_path / f"{mode}-{expected}", mode=mode)
         trainer = {s.name: s for s in plan.specs}["trainer"]
         config = TrainerConfig.from_argv(trainer.command[3:])
         assert config.weight_bridge_mode == mode

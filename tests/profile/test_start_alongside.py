@@ -73,12 +73,7 @@ def test_on_gpus_of_its_own_vllm_starts_beside_the_trainer_whatever_it_sizes(
 
 def test_sglang_on_the_trainer_s_gpu_is_waited_for(tmp_path: Path) -> None:
     """SGLang sizes its memory from what is free when it starts, always."""
-    plan = specs(
-        tmp_path,
-        "quickstart-gpu.toml",
-        run={"mode": "lora_only"},
-        inference={"backend": "sglang", "extra_args": []},
-    )
+    plan = specs(tmp_path, "quickstart-sglang.toml", run={"mode": "lora_only"})
     assert waits_for(plan["trainer"]) == Condition.HEALTHY
     assert not plan["inference"].prestart and not plan["inference"].standby
 
@@ -107,13 +102,16 @@ def test_today_s_start_is_one_profile_away(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("mode", "standby"),
-    [("none", True), ("lora_restart", True), ("lora_only", False), ("shared_vllm", False)],
-)
+    ("mode", "reload", "standby"),
+    [("none", "restart", True), ("lora_restart", "in_place", True),
+     ("none", "in_place", False), ("lora_only", "in_place", False),
+     ("shared_vllm", "in_place", False)],
+)  # fmt: skip
 def test_the_built_in_server_keeps_a_standby_where_its_mode_restarts_it(
-    tmp_path: Path, mode: str, standby: bool
+    tmp_path: Path, mode: str, reload: str, standby: bool
 ) -> None:
-    plan = specs(tmp_path, "quickstart.toml", run={"mode": mode})
+    """``none`` restarts it only with ``none_reload = "restart"``: in place by default."""
+    plan = specs(tmp_path, "quickstart.toml", run={"mode": mode}, inference={"none_reload": reload})
     assert plan["inference"].prestart
     assert plan["inference"].standby is standby
     assert waits_for(plan["trainer"]) == Condition.STARTED

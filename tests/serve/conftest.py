@@ -23,10 +23,12 @@ def tiny_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(
     tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path
 ) -> Iterator[ServerProcess]:
-    """One LoRA-enabled server for all tests here; each leaves it as it found it."""
+    """One LoRA-enabled server for all tests here; each leaves it as it found it. Sleep
+    mode off (a capability the profile can turn off): its refusal is tested too."""
     settings = InferenceSettings(
         port=free_port(),
         max_model_len=MAX_MODEL_LEN,
+        enable_sleep_mode=False,
         extra_args=["--max-num-seqs", str(MAX_NUM_SEQS)],
     )
     launch = inference_command(settings, mode="lora_only", model=str(tiny_model_dir))

@@ -9,7 +9,7 @@ import httpx
 import pytest
 from serve_helpers import MAX_MODEL_LEN, MAX_NUM_SEQS, make_adapter
 
-from grpo_trainer.models import build_tiny_model
+from grpo_trainer.models import build_tiny_model, load_model
 from grpo_trainer.serve.__main__ import main
 
 BAD_COMPLETIONS = [
@@ -66,6 +66,21 @@ def test_adapter_errors(client: httpx.Client, tmp_path: Path, tiny_model_dir: Pa
     assert names == ["policy-base"]
     missing = client.post("/v1/unload_lora_adapter", json={"lora_name": "x"})
     assert missing.status_code == 404
+
+
+def test_an_adapter_on_a_checkpoint_of_the_served_shape_loads(
+    client: httpx.Client, tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A trainer resumed (or switched in place) into LoRA puts its adapter on its checkpoint,
+    ``step_N``, not on the path the server started from; the server serves those weights
+    (synced, reloaded or shared), so an adapter on a model of its shape is taken."""
+    checkpoint = tmp_path / "checkpoints" / "step_4"
+    load_model(tiny_model_dir).save_pretrained(checkpoint)
+    adapter = make_adapter(checkpoint, tmp_path / "adapter_step_4")
+    body = {"lora_name": "resumed", "lora_path": str(adapter)}
+    assert client.post("/v1/load_lora_adapter", json=body).status_code == 200
+    unload = client.post("/v1/unload_lora_adapter", json={"lora_name": "resumed"})
+    assert unload.status_code == 200
 
 
 def test_adapter_load_swap_and_unload(

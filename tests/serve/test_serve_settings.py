@@ -1,4 +1,8 @@
-"""``inference_command``: the vLLM and built-in command lines and environment for each mode."""
+"""``inference_command``: the vLLM and built-in command lines and environment for each mode.
+
+The in-place modes (``none``, ``shared_vllm``, ``colocate``, ``lora_only``) share one server
+with every capability the profile leaves on; the restart modes start their own.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,7 @@ import pytest
 from pydantic import ValidationError
 
 from grpo_trainer.serve.__main__ import build_parser, torch_threads
+from grpo_trainer.serve.capabilities import switch_restarts_inference
 from grpo_trainer.serve.settings import (
     VLLM_LAUNCH_MODULE,
     VLLM_WORKER_EXTENSION,
@@ -19,6 +24,7 @@ from grpo_trainer.serve.settings import (
 )
 
 MODES = ("none", "lora_only", "lora_restart", "shared_vllm", "colocate")
+IN_PLACE = ("none", "lora_only", "shared_vllm", "colocate")
 
 
 def flag(argv: list[str], name: str) -> str:
@@ -39,11 +45,73 @@ def test_vllm_every_mode_is_plain_vllm_serve_on_loopback(mode: str) -> None:
 
 
 def test_vllm_full_modes_serve_the_stable_name() -> None:
-    settings = InferenceSettings(backend="vllm")
+    settings = InferenceSettings(backend="vllm", none_reload="restart")
     launch = inference_command(settings, mode="none", model="M")
     assert flag(launch.argv, "--served-model-name") == "policy"
     assert "--enable-lora" not in launch.argv
     assert launch.env == vllm_start_env()
+    in_place = inference_command(InferenceSettings(backend="vllm"), mode="none", model="M")
+    assert flag(in_place.argv, "--served-model-name") == "policy"
+
+
+@pytest.mark.parametrize("backend", ["vllm", "builtin"])
+def test_the_in_place_modes_share_one_server_with_every_capability(backend: str) -> None:
+    """A switch among them keeps the server: the same command whatever the mode but the
+    base model's name (``<name>-base`` when started in lora_only)."""
+    settings = InferenceSettings(backend=backend, max_lora_rank=8)
+
+    def launch(mode: str, **changes: object) -> tuple[list[str], dict[str, str]]:
+        argv = inference_command(
+            settings.model_copy(update=changes), mode=mode, model="M", shared_dir="/s"
+        )
+        named = argv.argv.index("--served-model-name")
+        return argv.argv[:named] + argv.argv[named + 2 :], argv.env
+
+    commands = {mode: launch(mode) for mode in IN_PLACE}
+    assert len({(tuple(a), tuple(sorted(e.items()))) for a, e in commands.values()}) == 1
+    argv, env = commands["none"]
+    assert "--enable-lora" in argv and flag(argv, "--max-lora-rank") == "8"
+    assert "--enable-sleep-mode" in argv
+    if backend == "vllm":
+        assert flag(argv, "--max-loras") == "2"
+        assert flag(argv, "--worker-extension-cls") == VLLM_WORKER_EXTENSION
+        assert json.loads(flag(argv, "--weight-transfer-config")) == {"backend": "nccl"}
+        lora_on = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
+        assert env == {**vllm_start_env(), **lora_on}
+    else:
+        assert flag(argv, "--shared-weights") == "/s"
+    # a capability turned off: its flags go, but for the modes that need them
+    argv, env = launch("shared_vllm", enable_lora=False, enable_sleep_mode=False)
+    assert "--enable-lora" not in argv and "--enable-sleep-mode" not in argv
+    assert "VLLM_ALLOW_RUNTIME_LORA_UPDATING" not in env
+    argv, _ = launch("lora_only", enable_lora=False, enable_sleep_mode=False)
+    assert "--enable-lora" in argv and "--enable-sleep-mode" not in argv
+    argv, _ = launch("colocate", enable_lora=False, enable_sleep_mode=False)
+    assert "--enable-lora" not in argv and "--enable-sleep-mode" in argv
+    # the restart modes keep their own flags: lora_restart no sleep mode, none nothing
+    argv, _ = launch("lora_restart")
+    assert "--enable-lora" in argv and "--enable-sleep-mode" not in argv
+    argv, _ = launch("none", none_reload="restart")
+    assert "--enable-lora" not in argv and "--shared-weights" not in argv
+
+
+def test_which_switch_restarts_inference_and_why() -> None:
+    every = InferenceSettings(backend="vllm")
+    for old in IN_PLACE:
+        for new in IN_PLACE:
+            assert switch_restarts_inference(every, old, new) is None, (old, new)
+    assert "lora_restart" in str(switch_restarts_inference(every, "lora_only", "lora_restart"))
+    restart = every.model_copy(update={"none_reload": "restart"})
+    assert "none reloads weights by restarting" in str(
+        switch_restarts_inference(restart, "shared_vllm", "none")
+    )
+    no_lora = every.model_copy(update={"enable_lora": False})
+    why = switch_restarts_inference(no_lora, "shared_vllm", "lora_only")
+    assert why == "mode lora_only needs lora, which inference lacks (inference.enable_lora = false)"
+    assert switch_restarts_inference(no_lora, "shared_vllm", "colocate") is None
+    assert switch_restarts_inference(no_lora, "lora_only", "lora_only") is None
+    replicas = InferenceSettings(data_parallel_size=2)
+    assert "data_parallel_size" in str(switch_restarts_inference(replicas, "colocate", "none"))
 
 
 @pytest.mark.parametrize("mode", ["lora_only", "lora_restart"])
@@ -82,7 +150,8 @@ def test_vllm_shared_mode_uses_dev_mode_and_the_worker_extension() -> None:
     assert "--data-parallel-size" not in argv  # 1 is vLLM's default: the flag stays out
     assert argv[-2:] == ["--max-num-seqs", "64"]
     # the GPUs become CUDA_VISIBLE_DEVICES in the role layer's launcher, not here
-    assert launch.env == {**vllm_start_env(), "VLLM_SERVER_DEV_MODE": "1"}
+    lora_on = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    assert launch.env == {**vllm_start_env(), **lora_on}
 
 
 def test_vllm_colocate_sleeps_and_takes_weights_by_ipc() -> None:
@@ -93,8 +162,8 @@ def test_vllm_colocate_sleeps_and_takes_weights_by_ipc() -> None:
     )
     assert "--enable-sleep-mode" in launch.argv
     assert flag(launch.argv, "--worker-extension-cls") == VLLM_WORKER_EXTENSION
-    assert "--weight-transfer-config" not in launch.argv
-    assert launch.env == {**vllm_start_env(), "VLLM_SERVER_DEV_MODE": "1"}
+    lora_on = {"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_SERVER_DEV_MODE": "1"}
+    assert launch.env == {**vllm_start_env(), **lora_on}
 
 
 def test_worker_extension_path_names_a_real_class() -> None:
@@ -114,10 +183,10 @@ def test_builtin_argv_parses_with_the_servers_own_parser(mode: str) -> None:
     args = build_parser().parse_args(launch.argv[3:])
     assert (args.model, args.host, args.port, args.device) == ("/m", "127.0.0.1", 9200, "cuda:0")
     assert args.max_model_len == 128
-    assert args.enable_lora == mode.startswith("lora")
+    assert args.enable_lora  # lora modes need it, the in-place ones have every capability
     assert args.lora_modules == ([("policy", "/ck/a")] if adapter else [])
-    assert (args.shared_weights is not None) == (mode in ("shared_vllm", "colocate"))
-    assert args.enable_sleep_mode == (mode == "colocate")
+    assert (args.shared_weights is not None) == (mode in IN_PLACE)
+    assert args.enable_sleep_mode == (mode in IN_PLACE)
     expected = "policy-base" if mode.startswith("lora") else "policy"
     assert args.served_model_name == expected
 

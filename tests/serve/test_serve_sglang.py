@@ -25,8 +25,10 @@ from grpo_trainer.serve.settings import (
     inference_command,
     request_model_name,
 )
+from grpo_trainer.sync.base import SyncContext
 from grpo_trainer.sync.client import InferenceClient, SyncError
-from grpo_trainer.sync.sglang import replace_adapter, update_from_disk
+from grpo_trainer.sync.lora_only import HotSwapSync
+from grpo_trainer.sync.sglang import update_from_disk
 from grpo_trainer.train.config import TrainerConfig
 from grpo_tui.plan.profile import ProfileError, load_profile
 from grpo_tui.plan.roles import build_plan
@@ -47,8 +49,30 @@ def test_full_weight_modes_serve_the_stable_name_on_loopback() -> None:
     assert flags("--host") == "127.0.0.1" and flags("--port") == "30000"
     assert flags("--served-model-name") == "policy"
     assert flags("--context-length") == "512" and flags("--random-seed") == "0"
-    assert "--enable-metrics" in argv and "--enable-lora" not in argv
+    assert "--enable-metrics" in argv
     assert request_model_name(SGLANG, "none") == "policy"
+    # LoRA slots, so a switch to lora_only keeps the server, unless the profile turns them off
+    assert "--enable-lora" in argv and flags("--lora-target-modules") == "all"
+    plain = SGLANG.model_copy(update={"enable_lora": False})
+    assert "--enable-lora" not in inference_command(plain, mode="none", model="/m").argv
+
+
+def test_vllm_only_keys_and_flags_are_refused_for_sglang_naming_them() -> None:
+    with pytest.raises(ValueError, match="kv_cache_memory_bytes is a vllm backend setting"):
+        InferenceSettings(backend="sglang", kv_cache_memory_bytes=1 << 30)
+    with pytest.raises(ValueError, match="weight_transfer is a vllm backend setting: sglang"):
+        InferenceSettings(backend="sglang", weight_transfer="nccl")
+    with pytest.raises(ValueError, match="sglang_executable is a sglang backend setting: vllm"):
+        InferenceSettings(backend="vllm", sglang_executable=["sglang"])
+    with pytest.raises(ValueError, match=r"extra_args: --kv-cache-memory-bytes is a vLLM flag"):
+        InferenceSettings(backend="sglang", extra_args=["--kv-cache-memory-bytes", "1"])
+    with pytest.raises(ValueError, match=r"--max-num-seqs is a vLLM flag.*--max-running-requests"):
+        InferenceSettings(backend="sglang", extra_args=["--max-num-seqs=8"])
+    ok = InferenceSettings(backend="sglang", extra_args=["--max-running-requests", "8"])
+    assert inference_command(ok, mode="none", model="/m").argv[-2:] == [
+        "--max-running-requests",
+        "8",
+    ]
 
 
 @pytest.mark.parametrize("mode", ["lora_only", "lora_restart"])
@@ -202,40 +226,53 @@ def served(tmp_path: Path, *names: str) -> list[Path]:
     return paths
 
 
-def test_adapter_replaced_from_a_stable_path_without_a_pause(tmp_path: Path) -> None:
-    first, second = served(tmp_path, "adapter_step_3", "adapter_step_4")
-    api = Recorder({"/unload_lora_adapter": (400, {"message": "LoRA adapter policy not found"})})
-    replace_adapter(api.client(), "policy", first)
-    current = str(tmp_path.resolve() / "served" / "adapter_current")
-    # no /pause_generation: SGLang's unload waits for requests that a pause would hold
-    assert api.calls == [
-        ("/unload_lora_adapter", {"lora_name": "policy"}),
-        ("/load_lora_adapter", {"lora_name": "policy", "lora_path": current}),
-    ]
-    assert json.loads((Path(current) / "adapter_config.json").read_text())["name"] == first.name
-    replace_adapter(api.client(), "policy", second)  # the same path, now the new adapter
-    assert api.calls[-1] == ("/load_lora_adapter", {"lora_name": "policy", "lora_path": current})
-    assert json.loads((Path(current) / "adapter_config.json").read_text())["name"] == second.name
-    assert first.is_dir()  # pruning is the strategy's business (served/ keeps a history)
+def sglang_lora_sync(api: Recorder, tmp_path: Path) -> HotSwapSync:
+    strategy = HotSwapSync(SyncContext("http://127.0.0.1:30000", "policy", tmp_path, "sglang"))
+    strategy.client = api.client()
+    return strategy
 
 
-def test_sglangs_own_reload_of_the_stable_path_counts_and_other_refusals_raise(
+def test_each_adapter_is_loaded_under_a_new_name_and_asked_for_by_base_colon_name(
     tmp_path: Path,
 ) -> None:
+    """No pause and no unload before the load: SGLang's unload waits for the requests that
+    hold the adapter (a pause would hold them forever); the one two loads old goes."""
+    paths = served(tmp_path, "adapter_step_3", "adapter_step_4", "adapter_step_5")
+    models = {"object": "list", "data": [{"id": "policy-base", "parent": None}]}
+    api = Recorder({"/v1/models": (200, models)})
+    strategy = sglang_lora_sync(api, tmp_path)
+    names = [strategy.load_adapter(path, f"step{n + 3}") for n, path in enumerate(paths)]
+    assert len(set(names)) == 3 and all(n.startswith("policy-step") for n in names)
+    loads = [(path, body) for path, body in api.calls if path != "/v1/models"]
+    assert loads == [
+        ("/load_lora_adapter", {"lora_name": names[0], "lora_path": str(paths[0].resolve())}),
+        ("/load_lora_adapter", {"lora_name": names[1], "lora_path": str(paths[1].resolve())}),
+        ("/load_lora_adapter", {"lora_name": names[2], "lora_path": str(paths[2].resolve())}),
+        ("/unload_lora_adapter", {"lora_name": names[0]}),
+    ]
+    assert strategy.served_model == f"policy-base:{names[2]}"
+    assert strategy.loaded == names[1:]
+
+
+def test_sglangs_refusals_raise_and_an_unload_it_refuses_is_tried_again(tmp_path: Path) -> None:
     (adapter,) = served(tmp_path, "adapter_step_5")
-    already = "Failed to load LoRA adapter policy because it is already loaded"
-    api = Recorder({"/load_lora_adapter": (400, {"success": False, "error_message": already})})
-    replace_adapter(api.client(), "policy", adapter)  # a request's reload came first: fine
     refused = Recorder(
         {"/load_lora_adapter": (400, {"success": False, "error_message": "rank 64 > 16"})}
     )
     with pytest.raises(SyncError, match="rank 64 > 16"):
-        replace_adapter(refused.client(), "policy", adapter)
+        sglang_lora_sync(refused, tmp_path).load_adapter(adapter, "step5")
     flag_only = Recorder(
         {"/load_lora_adapter": (200, {"success": False, "error_message": "rank 64 > 16"})}
     )
     with pytest.raises(SyncError, match="adapter load failed: rank 64 > 16"):
-        replace_adapter(flag_only.client(), "policy", adapter)
+        sglang_lora_sync(flag_only, tmp_path).load_adapter(adapter, "step5")
+    busy = Recorder({"/unload_lora_adapter": (200, {"success": False, "message": "in use"})})
+    strategy = sglang_lora_sync(busy, tmp_path)
+    strategy.base = "policy-base"
+    names = [strategy.load_adapter(adapter, f"step{n}") for n in range(4)]
+    assert strategy.loaded == names  # nothing unloaded: kept for the next try
+    unloads = [body["lora_name"] for path, body in busy.calls if path == "/unload_lora_adapter"]
+    assert unloads == [names[0], names[0], names[1]]
 
 
 def test_full_weights_reloaded_from_disk_and_a_failure_says_why() -> None:
@@ -253,31 +290,30 @@ def test_full_weights_reloaded_from_disk_and_a_failure_says_why() -> None:
 
 
 def test_the_trainer_picks_the_sglang_strategies(tmp_path: Path) -> None:
-    from grpo_trainer.sync.base import SyncContext
-    from grpo_trainer.sync.lora_only import HotSwapSync
+    from grpo_trainer.sync.none import ReloadSync
     from grpo_trainer.sync.registry import make_strategy
-    from grpo_trainer.sync.sglang import SglangDiskSync
 
     context = SyncContext("http://127.0.0.1:30000", "policy", tmp_path, "sglang")
-    assert isinstance(make_strategy("none", context), SglangDiskSync)  # no restart, no link
+    assert isinstance(make_strategy("none", context), ReloadSync)  # no restart, no link
     assert isinstance(make_strategy("lora_only", context), HotSwapSync)
     with pytest.raises(ValueError, match="backend sglang cannot run mode 'shared_vllm'"):
         make_strategy("shared_vllm", context)
 
 
-@pytest.mark.parametrize(("backend", "mode", "every"), [
-    ("sglang", "none", 1), ("vllm", "none", 4), ("sglang", "lora_restart", 4),
+@pytest.mark.parametrize(("backend", "mode", "every", "extra"), [
+    ("sglang", "none", 1, ""), ("vllm", "none", 1, ""), ("sglang", "lora_restart", 4, ""),
+    ("vllm", "none", 4, 'none_reload = "restart"\n'),
 ])  # fmt: skip
-def test_none_on_sglang_syncs_every_step_by_default(
-    tmp_path: Path, backend: str, mode: str, every: int
+def test_none_syncs_every_step_by_default(
+    tmp_path: Path, backend: str, mode: str, every: int, extra: str
 ) -> None:
-    """A sync restarts vLLM (a minute), so the restart modes sync every few steps; SGLang
-    reloads full weights in place (65 ms on an H200), so its ``none`` syncs every step and
-    needs no supervisor to restart anything."""
+    """A restart of vLLM takes a minute, so the restart modes sync every few steps; ``none``
+    reloads full weights in place (SGLang: 65 ms on an H200), so it syncs every step and
+    needs no supervisor to restart anything, unless ``none_reload`` asks for restarts."""
     profile = tmp_path / "p.toml"
     profile.write_text(
         f'[run]\nmode = "{mode}"\noutput_dir = "{tmp_path}"\n[api]\n'
-        f'[inference]\nbackend = "{backend}"\n[trainer]\nbatch_size = 16\n'
+        f'[inference]\nbackend = "{backend}"\n{extra}[trainer]\nbatch_size = 16\n'
         '[[env]]\ntask = "toy"\n'
     )
     (trainer,) = [s for s in build_plan(load_profile(profile)).specs if s.name == "trainer"]

@@ -1,6 +1,7 @@
-"""The GRPO stack over a real supervisor: in a mode switch inference restarts in the new
-mode, the trainer checkpoints, stops and resumes, the rest keeps running; the stack's
-control requests are registered once."""
+"""The GRPO stack over a real supervisor: in a mode switch without a plan inference restarts
+in the new mode, the trainer checkpoints, stops and resumes, the rest keeps running; the
+stack's control requests are registered once; inference's incarnations are written as its
+state changes. (The in-place switch: tests/e2e/test_e2e_mode_switch.py.)"""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ import sys
 import pytest
 from conftest import child, free_port, spec
 
+from grpo_trainer.run_notices import InferenceLife, NoticeWatcher
+from grpo_tui.stack.inference_life import InferenceLifeWriter
 from grpo_tui.stack.stack import GrpoStack
-from grpo_tui.supervisor.events import State
+from grpo_tui.supervisor.events import State, StateChanged
 from grpo_tui.supervisor.spec import Shutdown, TcpProbe
 from grpo_tui.supervisor.supervisor import Supervisor
 
@@ -125,3 +128,26 @@ def test_a_request_action_has_one_handler(tmp_path) -> None:
     GrpoStack(sup)
     with pytest.raises(ValueError, match="action 'edit' already has a handler"):
         GrpoStack(sup)
+
+
+def test_inference_incarnations_follow_its_state_changes(tmp_path) -> None:
+    """Ready: one more incarnation, up; leaving ready: down at once (the API holds the
+    environments from then on); changes that move nothing are not written."""
+    sup = Supervisor([spec("inference", [sys.executable, "-c", "pass"], role="inference")],
+                     tmp_path / "run")  # fmt: skip
+    (tmp_path / "run").mkdir()
+    writer = InferenceLifeWriter(sup)
+    watcher = NoticeWatcher(writer.path, InferenceLife)
+
+    def change(old: State, new: State, pid: int | None = None) -> InferenceLife | None:
+        writer.apply(StateChanged(process="inference", old=old, new=new, pid=pid))
+        return watcher.current()
+
+    assert change(State.PENDING, State.STARTING, 10) is None
+    assert change(State.STARTING, State.READY, 10) == InferenceLife(
+        incarnation=1, up=True, pid=10, t=writer.life.t
+    )
+    assert change(State.READY, State.BACKOFF).up is False
+    assert change(State.BACKOFF, State.STARTING, 11).incarnation == 1
+    back = change(State.STARTING, State.READY, 11)
+    assert (back.incarnation, back.up, back.pid) == (2, True, 11)

@@ -27,13 +27,16 @@ def free_port() -> int:
 
 
 class ModeServer:
-    """The built-in server for one sync mode; ``restart`` relaunches it like the role layer."""
+    """The built-in server for one sync mode; ``restart`` relaunches it like the role layer.
+
+    ``mode`` may carry ``none``'s reload after a colon (``none:restart``).
+    """
 
     def __init__(self, mode: str, base_model: Path, run_dir: Path) -> None:
-        self.mode = mode
+        self.mode, _, reload = mode.partition(":")
         self.base_model = str(base_model)
         self.run_dir = run_dir
-        self.settings = InferenceSettings(port=free_port())
+        self.settings = InferenceSettings(port=free_port(), none_reload=reload or "in_place")
         self.process: ServerProcess | None = None
         self.starts = 0
 

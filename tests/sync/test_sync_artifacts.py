@@ -11,7 +11,6 @@ from safetensors.torch import load_file
 
 from grpo_trainer.models import build_tiny_model, load_model
 from grpo_trainer.sync.artifacts import prune_served, save_adapter, served_dir
-from grpo_trainer.sync.sglang import point_current
 
 
 def test_prune_keeps_the_served_artifact_and_recent_history(tmp_path: Path) -> None:
@@ -30,10 +29,10 @@ def test_prune_keeps_the_served_artifact_and_recent_history(tmp_path: Path) -> N
 
 
 def test_prune_leaves_the_sglang_current_link_alone(tmp_path: Path) -> None:
-    """``lora_restart`` on SGLang: ``adapter_current`` (the hot-loaded starting adapter's
-    link) is older than the history kept; pruning removes its target, never the link (an
-    H200 run failed every sync from the second on with "Cannot call rmtree on a symbolic
-    link")."""
+    """A link in ``served/`` (SGLang's ``adapter_current`` of runs before the two adapter
+    slots, in a run directory resumed now) is older than the history kept; pruning removes
+    its target, never the link (an H200 run failed every sync from the second on with
+    "Cannot call rmtree on a symbolic link")."""
     root = served_dir(tmp_path)
     root.mkdir(parents=True, exist_ok=True)
     made = []
@@ -42,7 +41,8 @@ def test_prune_leaves_the_sglang_current_link_alone(tmp_path: Path) -> None:
         path.mkdir()
         os.utime(path, (step + 1, step + 1))
         made.append(path)
-    link = point_current(made[0])
+    link = root / "adapter_current"
+    link.symlink_to(made[0].name)
     prune_served(tmp_path, keep=made[-1], history=1)
     assert sorted(p.name for p in root.iterdir()) == [
         "adapter_current",

@@ -1,6 +1,7 @@
 """Each of the four modes, built-in server, float32: after a sync the server serves the
-trainer's current policy (atol 1e-5 on the logprobs of a fixed prompt + completion) and
-no longer the pre-sync one."""
+trainer's current policy under the name the strategy reports to environments (atol 1e-5 on
+the logprobs of a fixed prompt + completion) and no longer the pre-sync one. ``none``
+reloads in place (one server start) unless its reload is ``restart``."""
 
 from __future__ import annotations
 
@@ -14,28 +15,13 @@ from sync_helpers import ModeServer, SocketSupervisor, server_logprobs, trainer_
 from torch import nn
 
 from grpo_trainer.control import SupervisorLink
-from grpo_trainer.models import build_tiny_model, load_model, load_tokenizer
+from grpo_trainer.models import load_model, load_tokenizer
 from grpo_trainer.sync.base import SyncContext, WeightSync
 from grpo_trainer.sync.registry import make_strategy
 
 ATOL = 1e-5
 """float32; the server and the trainer run the same ops, differences are rounding only."""
 MIN_CHANGE = 1e-3
-
-
-@pytest.fixture(scope="module")
-def base_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("sync-model") / "model", seed=2)
-
-
-@pytest.fixture
-def mode_server(
-    request: pytest.FixtureRequest, tmp_path: Path, base_model: Path
-) -> Iterator[ModeServer]:
-    server = ModeServer(request.param, base_model, tmp_path)
-    server.start()
-    yield server
-    server.stop()
 
 
 @pytest.fixture
@@ -70,7 +56,9 @@ def train(model: nn.Module, strategy: WeightSync, prompt: list[int], completion:
 
 
 @pytest.mark.parametrize(
-    "mode_server", ["none", "lora_only", "lora_restart", "shared_vllm"], indirect=True
+    "mode_server",
+    ["none", "none:restart", "lora_only", "lora_restart", "shared_vllm"],
+    indirect=True,
 )
 def test_after_sync_the_server_serves_the_trainers_policy(
     mode_server: ModeServer, link: SupervisorLink, base_model: Path, tmp_path: Path
@@ -83,17 +71,21 @@ def test_after_sync_the_server_serves_the_trainers_policy(
         served_model_name="policy",
         checkpoint_dir=tmp_path / "checkpoints",
         backend="builtin",
+        none_reload=mode_server.settings.none_reload,
     )
     strategy = make_strategy(mode, context, link=link)
     model = strategy.attach(trainer_model(base_model, mode))
     try:
-        before = server_logprobs(mode_server.url, "policy", prompt, completion)
+        name = strategy.served_model
+        before = server_logprobs(mode_server.url, name, prompt, completion)
         assert torch.allclose(before, trainer_logprobs(model, prompt, completion), atol=ATOL)
 
         train(model, strategy, prompt, completion)
         result = strategy.sync(model, 3)
 
-        after = server_logprobs(mode_server.url, "policy", prompt, completion)
+        if mode == "lora_only":
+            assert strategy.served_model != name  # a new adapter, a new name
+        after = server_logprobs(mode_server.url, strategy.served_model, prompt, completion)
         expected = trainer_logprobs(model, prompt, completion)
         assert torch.allclose(after, expected, atol=ATOL), (after - expected).abs().max()
         assert (after - before).abs().max() > MIN_CHANGE
@@ -102,9 +94,10 @@ def test_after_sync_the_server_serves_the_trainers_policy(
         if mode == "shared_vllm":
             # The server maps the shared file at start: a restart keeps the trained weights.
             mode_server.restart({})
-            served = server_logprobs(mode_server.url, "policy", prompt, completion)
+            served = server_logprobs(mode_server.url, strategy.served_model, prompt, completion)
             assert torch.allclose(served, expected, atol=ATOL)
     finally:
         strategy.close()
-    expected_starts = 1 if mode == "lora_only" else 2
+    restarting = mode == "lora_restart" or mode_server.settings.none_reload == "restart"
+    expected_starts = 2 if restarting or mode == "shared_vllm" else 1
     assert mode_server.starts == expected_starts

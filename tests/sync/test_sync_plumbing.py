@@ -16,6 +16,7 @@ from grpo_trainer.sync.base import MODES, SyncContext
 from grpo_trainer.sync.client import InferenceClient, SyncError
 from grpo_trainer.sync.colocate import ColocateSharedSync, VllmColocateSync
 from grpo_trainer.sync.lora_only import HotSwapSync
+from grpo_trainer.sync.none import ReloadSync
 from grpo_trainer.sync.registry import make_strategy
 from grpo_trainer.sync.shared import SharedFileSync
 from grpo_trainer.sync.vllm_names import hf_views, kernel_tensors
@@ -100,15 +101,19 @@ def test_a_sync_against_a_dead_server_raises_with_the_reason(tmp_path: Path) -> 
     strategy = HotSwapSync(SyncContext(url, "policy", tmp_path, "builtin"))
     strategy.client = client
     with pytest.raises(SyncError, match="load_lora_adapter"):
-        strategy.load_adapter(tmp_path)
+        strategy.load_adapter(tmp_path, "step1")
 
 
 def test_registry_picks_one_strategy_per_mode_and_backend(monkeypatch, tmp_path: Path) -> None:
     monkeypatch.delenv("GRPO_TUI_SOCKET", raising=False)
     context = SyncContext("http://127.0.0.1:1", "policy", tmp_path, "builtin")
-    for mode in ("none", "lora_restart"):
+    restarting = SyncContext(
+        "http://127.0.0.1:1", "policy", tmp_path, "builtin", none_reload="restart"
+    )
+    for mode, where in (("none", restarting), ("lora_restart", context)):
         with pytest.raises(SyncError, match="GRPO_TUI_SOCKET"):
-            make_strategy(mode, context)
+            make_strategy(mode, where)
+    assert isinstance(make_strategy("none", context), ReloadSync)  # in place: no supervisor
     assert isinstance(make_strategy("lora_only", context), HotSwapSync)
     assert isinstance(make_strategy("shared_vllm", context), SharedFileSync)
     vllm = SyncContext("http://127.0.0.1:1", "policy", tmp_path, "vllm")

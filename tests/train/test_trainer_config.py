@@ -143,12 +143,14 @@ def test_colocate_refuses_a_sync_cadence_that_could_train_on_a_sleeping_engine()
 
 
 def test_only_a_restarting_sync_needs_the_supervisor(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``none`` restarts the built-in server or vLLM through the supervisor; on SGLang it
-    reloads in place, so the trainer runs without one."""
+    """``none`` with ``--none-reload restart`` restarts inference through the supervisor; by
+    default (every backend) it reloads in place, so the trainer runs without one."""
     from grpo_trainer.train.__main__ import preflight
 
     monkeypatch.delenv("GRPO_TUI_SOCKET", raising=False)
     mode = {"weight_bridge_mode": "none", "model_name": "m"}
-    assert any("needs the grpo-tui supervisor" in p for p in preflight(TrainerConfig(**mode)))
-    sglang = TrainerConfig(**mode, inference_backend="sglang")
-    assert not any("supervisor" in p for p in preflight(sglang))
+    restarting = TrainerConfig(**mode, none_reload="restart")
+    assert any("needs the grpo-tui supervisor" in p for p in preflight(restarting))
+    for backend in ("builtin", "vllm", "sglang"):
+        in_place = TrainerConfig(**mode, inference_backend=backend)
+        assert not any("supervisor" in p for p in preflight(in_place)), backend

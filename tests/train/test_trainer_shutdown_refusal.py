@@ -99,6 +99,8 @@ async def test_trainer_stops_checkpoints_and_exits_0_on_the_refusal(
         "2",
         "--weight-bridge-mode",
         "none",
+        "--none-reload",
+        "restart",
         "--sync-every",
         "1",
         "--training-steps",
