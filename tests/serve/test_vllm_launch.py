@@ -40,7 +40,8 @@ def fake_vllm(tmp_path: Path) -> dict[str, str]:
         for package in path.relative_to(root).parents:
             if str(package) != ".":
                 (root / package / "__init__.py").touch()
-    return {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ["PYTHONPATH"]])}
+    paths = [str(root), *filter(None, [os.environ.get("PYTHONPATH")])]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(paths)}
 
 
 def launch(env: dict[str, str], *args: str) -> subprocess.Popen[str]:
