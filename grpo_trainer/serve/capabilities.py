@@ -8,8 +8,10 @@ serves them. Inference restarts only where the engine requires it:
 
 - ``lora_restart`` serves each adapter from a restart (by definition), and ``none`` with
   ``[inference] none_reload = "restart"`` reloads by restarting;
-- a capability the profile turned off (``enable_lora``, ``enable_sleep_mode``; a server
-  still has what its own mode needs): a switch to a mode that needs it restarts inference.
+- a switch between modes whose servers differ in capabilities (``capabilities``): one the
+  profile turned off (``enable_lora``, ``enable_sleep_mode``; a server still has what its
+  own mode needs), or vLLM's sleep mode beside CUDA IPC weight sharing (``cuda_ipc_shares``:
+  the two cannot share one server, so only ``colocate``'s has sleep mode there).
 
 Measured costs (H200, vLLM 0.24, ``benchmarks/results/vllm_startup.md``): LoRA slots make
 vLLM capture twice the CUDA graphs (16 s instead of 1-2 s at start) and generate the
@@ -63,31 +65,56 @@ def capabilities(settings: InferenceSettings, mode: str) -> frozenset[str]:
 
     Built-in replicas (``data_parallel_size`` > 1) load their weights from a multi-rank
     trainer's buckets and take no adapters: no LoRA slots there unless the mode needs them
-    (which the server refuses).
+    (which the server refuses). Sleep mode is left out where the trainer maps vLLM's
+    weights through CUDA IPC (``cuda_ipc_shares``), but for ``colocate``, which needs it.
     """
     found = set()
     if settings.enable_lora and not (
         settings.backend == "builtin" and settings.data_parallel_size > 1
     ):
         found.add("lora")
-    if settings.enable_sleep_mode and settings.backend != "sglang":
+    if (
+        settings.enable_sleep_mode
+        and settings.backend != "sglang"
+        and not cuda_ipc_shares(settings)
+    ):
         found.add("sleep")
     return frozenset(found) | MODE_NEEDS[mode]
+
+
+def cuda_ipc_shares(settings: InferenceSettings) -> bool:
+    """Whether ``shared_vllm`` maps vLLM's weights into the trainer through CUDA IPC
+    (vLLM, ``weight_transfer = "cuda_ipc"``). vLLM's sleep mode allocates the weights with
+    its own cuMem allocator, outside torch's, and CUDA IPC cannot share those: exporting
+    them fails with ``CUDA error: invalid argument`` (vLLM 0.24, H100, 2026-11-26)."""
+    return settings.backend == "vllm" and settings.weight_transfer == "cuda_ipc"
 
 
 def switch_restarts_inference(settings: InferenceSettings, old: str, new: str) -> str | None:
     """Why a switch from ``old`` to ``new`` restarts inference; None: it keeps serving.
 
-    The server running in ``old`` has at least ``capabilities(settings, old)`` (it started
-    with them, or in a mode whose server had them and switched in place since).
+    A server switched in place keeps its capabilities, so a switch stays in place only
+    between modes whose servers have the same ones: the server running in ``old`` then
+    has exactly ``capabilities(settings, old)``, whichever in-place switches led there.
     """
     for mode in (old, new):
         if restarts_inference(mode, settings.none_reload):
             return f"{mode} reloads weights by restarting inference"
     if settings.backend == "builtin" and settings.data_parallel_size > 1:
         return "built-in replicas (data_parallel_size > 1) serve one mode"
-    missing = sorted(MODE_NEEDS[new] - capabilities(settings, old))
-    if missing:
-        keys = " and ".join(f"inference.{CAPABILITY_KEYS[cap]} = false" for cap in missing)
-        return f"mode {new} needs {' and '.join(missing)}, which inference lacks ({keys})"
-    return None
+    has, wants = capabilities(settings, old), capabilities(settings, new)
+    if has == wants:
+        return None
+    differ = sorted(has ^ wants)
+    why = [f"inference.{CAPABILITY_KEYS[cap]} = false" for cap in differ if not _on(settings, cap)]
+    if "sleep" in differ and cuda_ipc_shares(settings):
+        why.append("vLLM's sleep mode cannot share weights through CUDA IPC")
+    return f"mode {new}'s server has {_named(wants)}, mode {old}'s {_named(has)} ({'; '.join(why)})"
+
+
+def _on(settings: InferenceSettings, capability: str) -> bool:
+    return bool(getattr(settings, CAPABILITY_KEYS[capability]))
+
+
+def _named(found: frozenset[str]) -> str:
+    return " and ".join(sorted(found)) or "no optional capability"

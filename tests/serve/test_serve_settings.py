@@ -57,8 +57,10 @@ def test_vllm_full_modes_serve_the_stable_name() -> None:
 @pytest.mark.parametrize("backend", ["vllm", "builtin"])
 def test_the_in_place_modes_share_one_server_with_every_capability(backend: str) -> None:
     """A switch among them keeps the server: the same command whatever the mode but the
-    base model's name (``<name>-base`` when started in lora_only)."""
-    settings = InferenceSettings(backend=backend, max_lora_rank=8)
+    base model's name (``<name>-base`` when started in lora_only). On vLLM with NCCL
+    weight transfer: CUDA IPC sharing leaves sleep mode to colocate (below)."""
+    transfer = {"weight_transfer": "nccl"} if backend == "vllm" else {}
+    settings = InferenceSettings(backend=backend, max_lora_rank=8, **transfer)
 
     def launch(mode: str, **changes: object) -> tuple[list[str], dict[str, str]]:
         argv = inference_command(
@@ -80,6 +82,12 @@ def test_the_in_place_modes_share_one_server_with_every_capability(backend: str)
         assert env == {**vllm_start_env(), **lora_on}
     else:
         assert flag(argv, "--shared-weights") == "/s"
+    if backend == "vllm":  # CUDA IPC cannot share weights held by sleep mode's allocator
+        ipc = settings.model_copy(update={"weight_transfer": "cuda_ipc"})
+        for mode in IN_PLACE:
+            argv = inference_command(ipc, mode=mode, model="M").argv
+            assert "--enable-lora" in argv
+            assert ("--enable-sleep-mode" in argv) == (mode == "colocate"), mode
     # a capability turned off: its flags go, but for the modes that need them
     argv, env = launch("shared_vllm", enable_lora=False, enable_sleep_mode=False)
     assert "--enable-lora" not in argv and "--enable-sleep-mode" not in argv
@@ -96,7 +104,7 @@ def test_the_in_place_modes_share_one_server_with_every_capability(backend: str)
 
 
 def test_which_switch_restarts_inference_and_why() -> None:
-    every = InferenceSettings(backend="vllm")
+    every = InferenceSettings(backend="vllm", weight_transfer="nccl")
     for old in IN_PLACE:
         for new in IN_PLACE:
             assert switch_restarts_inference(every, old, new) is None, (old, new)
@@ -107,9 +115,23 @@ def test_which_switch_restarts_inference_and_why() -> None:
     )
     no_lora = every.model_copy(update={"enable_lora": False})
     why = switch_restarts_inference(no_lora, "shared_vllm", "lora_only")
-    assert why == "mode lora_only needs lora, which inference lacks (inference.enable_lora = false)"
+    assert why == (
+        "mode lora_only's server has lora and sleep, mode shared_vllm's sleep "
+        "(inference.enable_lora = false)"
+    )
     assert switch_restarts_inference(no_lora, "shared_vllm", "colocate") is None
     assert switch_restarts_inference(no_lora, "lora_only", "lora_only") is None
+    # a server keeps its capabilities through in-place switches: back restarts too
+    assert switch_restarts_inference(no_lora, "lora_only", "none") is not None
+    # CUDA IPC (vLLM's default weight transfer): only colocate's server sleeps
+    ipc = InferenceSettings(backend="vllm")
+    for old in IN_PLACE:
+        for new in IN_PLACE:
+            moves = switch_restarts_inference(ipc, old, new)
+            assert (moves is None) == ((old == "colocate") == (new == "colocate")), (old, new)
+    assert "cannot share weights through CUDA IPC" in str(
+        switch_restarts_inference(ipc, "colocate", "shared_vllm")
+    )
     replicas = InferenceSettings(data_parallel_size=2)
     assert "data_parallel_size" in str(switch_restarts_inference(replicas, "colocate", "none"))
 
