@@ -43,7 +43,6 @@ from transformers import PreTrainedTokenizerBase
 from grpo_trainer.live_edits import EditWatcher
 from grpo_trainer.records.timeline import SYNC_PHASES
 from grpo_trainer.sync.base import WeightSync
-from grpo_trainer.sync.client import SyncError
 from grpo_trainer.train.api_client import LeasedBatch
 from grpo_trainer.train.checkpoint import (
     load_trainer_state,
@@ -231,14 +230,8 @@ class Trainer:
                 if self.strategy is not None:
                     if self.strategy.sleeps:
                         clock.enter("sleeping", self.step)
-                    try:
-                        with self._span("sleep") if self.strategy.sleeps else nullcontext():
-                            self.strategy.before_train_step()
-                    except SyncError as exc:
-                        raise SyncLagExceeded(
-                            f"inference did not release the device before step "
-                            f"{self.step + 1}: {exc}; stopping"
-                        ) from exc
+                    with self._span("sleep") if self.strategy.sleeps else nullcontext():
+                        self.path.release_device()
                 clock.enter("training", self.step)
                 if self.recorder is not None:
                     self.recorder.begin_step(self.step + 1)

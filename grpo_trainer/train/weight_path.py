@@ -27,6 +27,7 @@ from grpo_trainer.run_notices import (
 )
 from grpo_trainer.serve.capabilities import restarts_inference
 from grpo_trainer.sync.base import SyncResult
+from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.restart import SupervisorStopping
 
 if TYPE_CHECKING:
@@ -135,6 +136,50 @@ class WeightPath:
             f"re-established, weights of step {trainer.step} served "
             f"{time.perf_counter() - started:.2f} s after the restart was seen",
         )
+
+    def release_device(self) -> None:
+        """Collective: inference releases the GPU before a training step (``colocate``'s
+        sleep). When that fails because inference is restarting (the supervisor says so
+        within ``RESTART_ADOPT_WAIT`` s), the weight path is re-established first (``take``:
+        wait until up, re-attach, push the weights) and the new server sleeps; the batch in
+        hand stays valid, it was generated before. Any other failure stops the run."""
+        trainer = self.trainer
+        strategy = trainer.strategy
+        assert strategy is not None
+        failure = ""
+        try:
+            strategy.before_train_step()
+        except SyncError as exc:
+            failure = str(exc)
+        if not trainer.world.any(bool(failure)):
+            return
+        restarting = self._restart_seen() if trainer.world.is_main else None
+        if trainer.world.broadcast(restarting):
+            trainer.reporter.event(
+                "warning",
+                f"inference restarting before step {trainer.step + 1} ({failure or 'on a peer'})"
+                "; re-attaching before the step",
+            )
+            self.take(switches=False)
+            try:
+                strategy.before_train_step()
+                return
+            except SyncError as exc:
+                failure = str(exc)
+        raise SyncLagExceeded(
+            f"inference did not release the device before step {trainer.step + 1}: "
+            f"{failure or 'failed on another rank'}; stopping"
+        )
+
+    def _restart_seen(self) -> bool:
+        """Rank 0: whether the supervisor says, within ``RESTART_ADOPT_WAIT`` s, that
+        inference is down or a new incarnation is up."""
+        deadline = time.monotonic() + RESTART_ADOPT_WAIT
+        while time.monotonic() < deadline:
+            if self.incarnation.down() or self.incarnation.restarted():
+                return True
+            time.sleep(0.05)
+        return False
 
     def attempt(self, why: str) -> tuple[SyncResult | None, str]:
         """Sync at the current step, retried with backoff (``sync_retries``); between two
