@@ -5,6 +5,7 @@ standby, a restart in the ``before`` arm, a switch through the control socket, t
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -92,4 +93,6 @@ def test_a_cpu_pass_measures_start_up_restarts_and_a_switch(tmp_path: Path) -> N
     assert "adopting its standby" in events, "the after arm's restart used its standby"
     table = (tmp_path / "lifecycle_gpu.md").read_text()
     assert "| lora_restart, one restart (trainer's sync_time, each in order) |" in table
-    assert "| after/switch | shared_vllm -> lora_only | 3 |" in table
+    # asked once HOP_STEPS steps were read (a loaded machine may read one more first)
+    row = re.search(r"\| after/switch \| shared_vllm -> lora_only \| (\d+) \|", table)
+    assert row is not None and int(row.group(1)) >= lifecycle_gpu.HOP_STEPS, table
