@@ -30,8 +30,8 @@ from grpo_stack_run import Stack
 from grpo_tui.plan.profile import load_profile
 from grpo_tui.plan.roles import build_plan
 
-STEPS = 12
-KILL_AT = 4
+STEPS = 9
+KILL_AT = 3
 LAG0_ATOL = 1e-4
 """float32 on both sides: a weight-sync error shows as ~1e-2, rounding as ~1e-6."""
 GROUPS_PER_STEP = quickstart_value("trainer", "batch_size") // quickstart_value("env", "group_size")
