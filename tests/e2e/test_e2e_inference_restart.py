@@ -12,6 +12,10 @@ child, by pid). Asserted, per mode:
   exactly those weights (float32: the logprob difference is rounding only), so no group
   came from a restarted server's stale weights under a fresh version tag;
 - no rollout group is lost.
+
+Two modes here: a full-weights path (``shared_vllm``'s shared weights) and an adapter
+path (``lora_only``). ``none`` and ``colocate`` re-attach under the fault suite's inference
+kills (``test_e2e_faults.py``), and colocate's on the GPU (``benchmarks/faults_gpu.py``).
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ GROUPS_PER_STEP = quickstart_value("trainer", "batch_size") // quickstart_value(
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["shared_vllm", "lora_only", "none", "colocate"])
+@pytest.mark.parametrize("mode", ["shared_vllm", "lora_only"])
 async def test_the_trainer_reattaches_to_a_restarted_server_without_restarting(
     tmp_path: Path, stacks: list[Stack], mode: str
 ) -> None:

@@ -111,9 +111,9 @@ def test_back_pressure_pauses_production(spawn, tmp_path, tiny_model, inference)
         assert trainer.status()["queue_sequences"] <= bound
         time.sleep(0.1)
     paused_at = trainer.status()["queue_sequences"]
+    resumed = env.text().count("producing")  # before the take: the env may resume at once
     taken = trainer.take()
     assert len(taken) == 2
-    resumed = env.text().count("producing")
     wait_until(lambda: env.text().count("producing") > resumed, 30, "production to resume")
     wait_until(lambda: trainer.status()["queue_sequences"] >= 2 * GROUP, 60, "the queue to refill")
     assert paused_at <= bound
