@@ -45,9 +45,10 @@ SUPERVISOR_IN = ("shared_vllm",)
 dearest fault (kept to one mode for CI's time; any mode takes it, e.g. lora_only)."""
 STALL_AFTER = 5.0
 """The watchdog's threshold in these runs (30 s by default): recoveries take longer."""
-RECOVERY = 15.0
-"""Seconds from a kill of inference to the restarted server serving what it served (its
-restart takes 1-5 s on CPU: the next incarnation waits ready at its start gate)."""
+RECOVERY = 60.0
+"""Seconds allowed from a kill of inference to the restarted server serving what it served:
+a bound on the wait, not a speed (its restart takes 1-5 s on CPU alone, the next
+incarnation waiting ready at its start gate; over 15 s beside the suite's other worker)."""
 GROUPS_PER_STEP = quickstart_value("trainer", "batch_size") // quickstart_value("env", "group_size")
 MAX_SYNC_LAG = {"colocate": 0}
 """The trainer's max_sync_lag in each mode (3 unless listed: the trainer's default, and the
