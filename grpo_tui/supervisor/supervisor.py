@@ -188,6 +188,10 @@ class Supervisor:
     ) -> None:
         """Stop, (re-spec from ``args``), start; returns once the process is ready again.
 
+        Ready with what ``args`` asked for: when the new incarnation dies before it is
+        ready, its crash restart runs the refreshed spec (e.g. a server on the newest
+        checkpoint, not on the weights of the sync that asked), so the restart raises
+        ``ProcessFailed`` and the caller, which knows what it wanted served, asks again.
         With ``with_dependents`` its dependents are stopped first and started again after
         (each waiting for its own dependencies as at first start). Raises ``ShuttingDown``
         if the run's shutdown has begun, also when it begins while the old process stops.
@@ -215,6 +219,11 @@ class Supervisor:
             for follower in followers:
                 await held.start(follower)
         await self.wait_ready(name)
+        if new_spec is not None and life.spec != new_spec:
+            raise ProcessFailed(
+                f"{name} exited before it became ready; its crash restart runs its "
+                "refreshed spec, not the one this restart asked for"
+            )
 
     async def wait_ready(self, name: str) -> None:
         """Return when ``name`` is ready; raise ProcessFailed if it fails for good or is

@@ -3,6 +3,8 @@
 The GPU run gets very few attempts, so what can run here does: every cell's profile goes
 through the real ``grpo-tui check`` (vLLM command lines included), and one real cell runs
 the whole supervised stack on CPU with the no-orphan check (SIGKILL of the supervisor).
+Each test has its own ports: a check finds a port in use when the real cell, in the other
+xdist worker, holds it.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ def gpu_modes(out: Path, *args: str, timeout: float) -> subprocess.CompletedProc
 
 
 def test_every_cell_profile_passes_check_with_the_vllm_flags(tmp_path: Path) -> None:
-    backends = ("--backends", "vllm", "builtin", "sglang")
+    backends = ("--backends", "vllm", "builtin", "sglang", "--port-base", "22000")
     done = gpu_modes(tmp_path / "out", "--dry-run", "--quick", *backends, timeout=240)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     plans = {
@@ -84,6 +86,7 @@ def test_colocate_cell_pins_both_roles_to_one_gpu_and_sleeps(tmp_path: Path) -> 
 def test_colocate_layout_puts_a_rank_and_a_vllm_replica_on_each_gpu(tmp_path: Path) -> None:
     """``--layout colocate``: 2 ranks and 2 vLLM replicas, one of each on GPUs 0 and 1."""
     args = ("--backends", "vllm", "--modes", "colocate", "--layout", "colocate")
+    args += ("--port-base", "22200")
     done = gpu_modes(tmp_path / "out", "--dry-run", "--quick", *args, timeout=120)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     plan = done.stdout.split("== ")[1]
@@ -102,6 +105,7 @@ def test_one_real_cell_and_the_orphan_check_on_cpu(tmp_path: Path) -> None:
         out,
         *("--quick", "--device", "cpu", "--backends", "builtin", "--modes", "shared_vllm"),
         *("--steps", "3", "--orphan-backend", "builtin", "--budget", "360"),
+        *("--port-base", "22300"),
         timeout=400,
     )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]

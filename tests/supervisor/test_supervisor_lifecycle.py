@@ -15,6 +15,7 @@ from conftest import alive, child, free_port, spec
 
 from grpo_tui.supervisor.events import ProbeResult, Restarting, State, StateChanged
 from grpo_tui.supervisor.spec import HttpProbe, RestartPolicy, Shutdown, TcpProbe
+from grpo_tui.supervisor.supervisor import ProcessFailed
 
 
 def listen_time(lines: list[str]) -> float:
@@ -215,6 +216,32 @@ async def test_restart_with_dependents_rebuilds_the_spec(supervise) -> None:
     api_ready = [e for e in h.changes("api") if e.new == State.READY][-1]
     env_start = [e for e in h.changes("env") if e.new == State.STARTING][-1]
     assert env_start.t >= api_ready.t
+
+
+async def test_a_restart_whose_process_dies_before_ready_fails_not_the_crash_restart(
+    supervise,
+) -> None:
+    """The crash restart of an incarnation a restart started runs the refreshed spec, which
+    is not what the restart asked for (a server on the newest checkpoint, not on a sync's
+    weights): the restart must fail so that its caller asks again, not return on it."""
+    port = free_port()
+    policy = RestartPolicy(policy="on_failure", backoff_base=0.1)
+
+    def server(args: dict) -> object:
+        command = child("listener.py", "--port", port)
+        if args.get("crash"):  # dies before it listens
+            command = [sys.executable, "-c", "raise SystemExit(3)"]
+        return spec("server", command, readiness=TcpProbe(port=port, period=0.05),
+                    restart=policy)  # fmt: skip
+
+    h = supervise([server({})], respec=lambda _name, args: server(args))
+    await h.state("server", State.READY)
+    with pytest.raises(ProcessFailed, match="exited before it became ready"):
+        await h.sup.restart("server", args={"crash": True})
+    status = h.sup.status()["server"]
+    assert status.state == State.READY and status.restarts == 1  # the refreshed spec serves
+    assert "listener.py" in " ".join(h.sup.spec("server").command)
+    await h.sup.restart("server", args={"crash": False})  # ready as asked: no failure
 
 
 async def test_exit_with_completion_ends_the_run_in_order(supervise) -> None:
