@@ -11,8 +11,9 @@ checkpoint with ``[trainer] resume``).
 
 The checks are the contract of a run under faults (issue 27): exit 0 with every step,
 nothing acknowledged lost and nothing trained twice (the API's durable queue), no process
-of the run left behind, no step trained beyond the lag bound, and every stall longer than
-the watchdog's threshold reported with a cause.
+of the run left behind, no step trained beyond the lag bound, every stall longer than
+the watchdog's threshold reported with a cause, and no trainer restart but for its own
+kills (it re-attaches to a restarted server by itself).
 """
 
 from __future__ import annotations
@@ -51,10 +52,21 @@ WEIGHTS = {"api": 1, "env": 1}
 environment restart in a second or two; the trainer and inference import torch and load
 the model (5-10 s on 2 cores), which CI's time cannot afford more than once per mode."""
 SEED_VAR = "GRPO_FAULT_SEED"
+COUNT_VAR = "GRPO_FAULT_COUNT"
+"""Faults per mode (``fault_count``): 6 in CI, each target once and two drawn."""
 MAX_DELAY = 1.0
 """Seconds past its step a fault may come (a random point within the step)."""
 RECOVER_S = 90.0
 """Longest wait for a killed process to be back (a trainer on a loaded 2-core machine)."""
+
+
+def fault_count(default: int = 6) -> int:
+    """Faults per mode: ``GRPO_FAULT_COUNT`` or ``default``; at least one per target and
+    one for the supervisor (``benchmarks/results/faults_cpu_suite.md`` has a run of 10)."""
+    count = int(os.environ.get(COUNT_VAR, default))
+    if count < len(TARGETS) + 1:
+        raise ValueError(f"{COUNT_VAR}={count}: at least {len(TARGETS) + 1} (each target once)")
+    return count
 
 
 def suite_seed() -> int:
@@ -308,6 +320,7 @@ def violations(run: FaultRun, contract: Contract) -> list[str]:
     ]
     found += _step_violations(run, contract)
     found += _unseen_kills(run)
+    found += _trainer_restarts(run)
     for run_dir in run.run_dirs:
         found += _queue_violations(run, run_dir, contract)
         found += _stall_violations(run_dir, contract)
@@ -338,6 +351,22 @@ def _unseen_kills(run: FaultRun) -> list[str]:
                 f"{kill.fault.target} (pid {kill.pid}) killed, its death seen "
                 f"{restarts[0] - kill.t:.2f} s later"
             )
+    return found
+
+
+def _trainer_restarts(run: FaultRun) -> list[str]:
+    """The trainer is spawned once per run plus once per kill of its own: the other kills
+    (inference: it re-attaches; the API: it waits; an environment) never restart it."""
+    found = []
+    for run_dir in run.run_dirs:
+        spawned = sum(
+            1
+            for e in events(run_dir, "StateChanged")
+            if e["process"] == "trainer" and e["new"] == "starting"
+        )
+        killed = sum(1 for i in run.injected if (i.fault.target, i.run_dir) == ("trainer", run_dir))
+        if spawned != 1 + killed:
+            found.append(f"{run_dir.name}: trainer spawned {spawned} times, killed {killed}")
     return found
 
 

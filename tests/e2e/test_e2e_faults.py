@@ -8,7 +8,8 @@ started again from its last checkpoint). The seed is printed; ``GRPO_FAULT_SEED=
 replays it. Checked (``fault_injection.violations``): exit 0 with every step, each death
 seen within a second, each trainer resumed from the newest checkpoint on disk, nothing
 acknowledged lost and no batch trained twice, no process left behind, no step beyond the
-lag bound, every stall over the watchdog's threshold reported with a cause. It replaces
+lag bound, every stall over the watchdog's threshold reported with a cause, no trainer
+restart but for the trainer's own kills (it re-attaches to a restarted server). It replaces
 the single trainer kill of ``test_e2e_trainer_kill.py`` (its checks are among these).
 """
 
@@ -27,6 +28,7 @@ from fault_injection import (
     SEED_VAR,
     Contract,
     FaultRun,
+    fault_count,
     quickstart_for_faults,
     schedule,
     suite_seed,
@@ -36,10 +38,11 @@ from fault_injection import (
 SEED = suite_seed()
 MODES = ("shared_vllm", "lora_only", "none", "lora_restart", "colocate")
 STEPS = 16
-FAULTS = 10
-"""Faults per mode: 50 over the five modes, each of the trainer and inference once, the
-API and the environment at least once (the rest drawn between them), the supervisor in
-``SUPERVISOR_IN``."""
+FAULTS = fault_count()
+"""Faults per mode (``GRPO_FAULT_COUNT``, 6 in CI: 30 over the five modes), each of the
+trainer and inference once, the API and the environment at least once (the rest drawn
+between them), the supervisor in ``SUPERVISOR_IN``. 10 a mode, 50 in all, is the issue's
+count: ``benchmarks/results/faults_cpu_suite.md``."""
 SUPERVISOR_IN = ("shared_vllm",)
 """The mode whose run also loses its supervisor, then resumes: a whole new start, the
 dearest fault (kept to one mode for CI's time; any mode takes it, e.g. lora_only)."""

@@ -13,9 +13,11 @@ child, by pid). Asserted, per mode:
   came from a restarted server's stale weights under a fresh version tag;
 - no rollout group is lost.
 
-Two modes here: a full-weights path (``shared_vllm``'s shared weights) and an adapter
-path (``lora_only``). ``none`` and ``colocate`` re-attach under the fault suite's inference
-kills (``test_e2e_faults.py``), and colocate's on the GPU (``benchmarks/faults_gpu.py``).
+One mode here, ``shared_vllm`` (a full-weights path; the hold on the environments is
+the API's, the same in every mode). The other modes re-attach under the fault suite's
+inference kills (``test_e2e_faults.py``, whose contract refuses a trainer restart but for
+the trainer's own kills), and ``colocate``'s and ``lora_only``'s on the GPU
+(``benchmarks/faults_gpu.py``).
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ GROUPS_PER_STEP = quickstart_value("trainer", "batch_size") // quickstart_value(
 
 @pytest.mark.e2e
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("mode", ["shared_vllm", "lora_only"])
+@pytest.mark.parametrize("mode", ["shared_vllm"])
 async def test_the_trainer_reattaches_to_a_restarted_server_without_restarting(
     tmp_path: Path, stacks: list[Stack], mode: str
 ) -> None:
