@@ -119,6 +119,10 @@ class IncarnationWatch:
     def __init__(self, watcher: NoticeWatcher[InferenceLife] | None = None) -> None:
         self.watcher = watcher or NoticeWatcher.in_run(INFERENCE_FILE, InferenceLife)
         self.attached: int | None = None
+        self.adopted_down = False
+        """``adopt`` found inference down (a process restarted while inference was): no
+        incarnation was reported to the rollout API, which holds the environments until
+        one is, so the next one up must be attached to as a restart."""
 
     def life(self) -> InferenceLife | None:
         return self.watcher.current()
@@ -136,6 +140,7 @@ class IncarnationWatch:
             time.sleep(0.02)
         if life is not None and life.up:
             self.attached = life.incarnation
+        self.adopted_down = self.attached is None and life is not None
         return self.attached
 
     def down(self) -> bool:
@@ -145,12 +150,13 @@ class IncarnationWatch:
 
     def restarted(self) -> bool:
         """True when an incarnation other than the attached one is up. The first one seen
-        by a process that attached before the supervisor's word (it may start alongside
-        inference, before the server is ready) is taken as the attached one."""
+        by a process that attached before the supervisor's first word (it may start
+        alongside inference, before the server is ready) is taken as the attached one;
+        after ``adopt`` found inference down, the first one up is a restart."""
         life = self.life()
         if life is None or not life.up:
             return False
-        if self.attached is None:
+        if self.attached is None and not self.adopted_down:
             self.attached = life.incarnation
             return False
         return life.incarnation != self.attached

@@ -37,7 +37,7 @@ from fault_injection import (
 
 SEED = suite_seed()
 MODES = ("shared_vllm", "lora_only", "none", "lora_restart", "colocate")
-STEPS = 16
+STEPS = 12
 FAULTS = fault_count()
 """Faults per mode (``GRPO_FAULT_COUNT``, 6 in CI: 30 over the five modes), each of the
 trainer and inference once, the API and the environment at least once (the rest drawn
@@ -97,7 +97,7 @@ def test_lora_restart_inference_killed_between_syncs_serves_the_adapter_again(
     right after the first sync restart (step 4) with no adapter checkpoint yet, the new
     server must serve the adapter the environments ask for within ``RECOVERY`` s."""
     mode = "lora_restart"
-    trainer = {"training_steps": 12, "checkpoint_interval": 0}
+    trainer = {"training_steps": 8, "checkpoint_interval": 0}
     profile = quickstart_for_faults(tmp_path / "p.toml", mode, tmp_path / "runs", trainer,
                                     STALL_AFTER)  # fmt: skip
     run = FaultRun(mode, profile, tmp_path / "runs", tmp_path / "console.log", runs=cli)
