@@ -20,6 +20,10 @@ class SyncError(RuntimeError):
     """A weight sync did not complete; the server may still serve older weights."""
 
 
+class InferenceUnreachable(SyncError):
+    """No attempt reached the server (refused, reset, timed out): it is down or gone."""
+
+
 class InferenceClient:
     """Talks to one inference server (built-in or vLLM) at ``base_url``."""
 
@@ -51,6 +55,7 @@ class InferenceClient:
         A 4xx is the server refusing the request (bad adapter, unknown name): not retried.
         """
         first = last = ""
+        answered = False
         for attempt in range(self.attempts):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
@@ -62,6 +67,7 @@ class InferenceClient:
                 continue
             if response.status_code < 400:
                 return response
+            answered = True
             last = f"HTTP {response.status_code}: {response.text[:500]}"
             first = first or last
             if response.status_code < 500:
@@ -69,7 +75,8 @@ class InferenceClient:
         # A retried call can fail differently the second time (a server that reset its
         # state after the first error): the first error is the cause, so it is kept.
         cause = last if first in ("", last) else f"{last} (first attempt: {first})"
-        raise SyncError(f"{method} {self.base_url}{path} failed: {cause}")
+        failed = SyncError if answered else InferenceUnreachable
+        raise failed(f"{method} {self.base_url}{path} failed: {cause}")
 
     def post(self, path: str, json: Any = None, **params: Any) -> httpx.Response:
         """``POST path`` with optional JSON body and query parameters."""

@@ -11,6 +11,7 @@ a version bump plus a prefix-cache reset.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -18,7 +19,12 @@ from torch import nn
 
 from grpo_trainer.serve.shared import map_shared_weights
 from grpo_trainer.sync.base import SyncContext, SyncResult, WeightSync
-from grpo_trainer.sync.client import InferenceClient, SyncError, base_model_name
+from grpo_trainer.sync.client import (
+    InferenceClient,
+    InferenceUnreachable,
+    SyncError,
+    base_model_name,
+)
 from grpo_trainer.sync.cuda_ipc import map_server_weights, same_gpu, share_parameters
 
 
@@ -33,14 +39,27 @@ class PausedUpdateSync(WeightSync):
         self._paused = False
 
     def before_optimizer_step(self) -> None:
-        """Let running requests finish and hold new ones while the weights change."""
-        self.client.post("/pause", mode="wait")
+        """Let running requests finish and hold new ones while the weights change.
+
+        A server that cannot be reached (killed, restarting) samples nothing, and its next
+        incarnation serves nothing before the trainer re-attaches to it (the rollout API
+        holds the environments until then): the step goes on without a pause.
+        """
+        try:
+            self.client.post("/pause", mode="wait")
+        except InferenceUnreachable:
+            return
         self._paused = True
 
     def after_optimizer_step(self) -> None:
-        """Release the held requests; they run on the new weights."""
-        self.client.post("/resume")
+        """Release the held requests; they run on the new weights. Nothing to release when
+        the pause did not happen, or the paused server is gone (its successor starts
+        unpaused)."""
+        if not self._paused:
+            return
         self._paused = False
+        with contextlib.suppress(InferenceUnreachable):
+            self.client.post("/resume")
 
     def sync(self, model: nn.Module, step: int) -> SyncResult:
         """The weights are already in place: drop cached prefixes computed with old ones."""

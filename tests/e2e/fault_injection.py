@@ -356,16 +356,18 @@ def _unseen_kills(run: FaultRun) -> list[str]:
 
 def _trainer_restarts(run: FaultRun) -> list[str]:
     """The trainer is spawned once per run plus once per kill of its own: the other kills
-    (inference: it re-attaches; the API: it waits; an environment) never restart it."""
+    (inference: it re-attaches; the API: it waits; an environment) never restart it. A run
+    whose supervisor was killed may end before it spawned the killed trainer again."""
     found = []
-    for run_dir in run.run_dirs:
+    for index, run_dir in enumerate(run.run_dirs):
         spawned = sum(
             1
             for e in events(run_dir, "StateChanged")
             if e["process"] == "trainer" and e["new"] == "starting"
         )
         killed = sum(1 for i in run.injected if (i.fault.target, i.run_dir) == ("trainer", run_dir))
-        if spawned != 1 + killed:
+        cut_short = index + 1 < len(run.run_dirs)
+        if spawned > 1 + killed or (spawned < 1 + killed and not cut_short):
             found.append(f"{run_dir.name}: trainer spawned {spawned} times, killed {killed}")
     return found
 

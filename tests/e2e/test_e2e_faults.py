@@ -37,12 +37,13 @@ from fault_injection import (
 
 SEED = suite_seed()
 MODES = ("shared_vllm", "lora_only", "none", "lora_restart", "colocate")
-STEPS = 12
 FAULTS = fault_count()
 """Faults per mode (``GRPO_FAULT_COUNT``, 6 in CI: 30 over the five modes), each of the
 trainer and inference once, the API and the environment at least once (the rest drawn
 between them), the supervisor in ``SUPERVISOR_IN``. 10 a mode, 50 in all, is the issue's
 count: ``benchmarks/results/faults_cpu_suite.md``."""
+STEPS = FAULTS + 6
+"""Trainer steps: the faults fall on steps 3 .. STEPS / 2, the rest keeps the run going."""
 SUPERVISOR_IN = ("shared_vllm",)
 """The mode whose run also loses its supervisor, then resumes: a whole new start, the
 dearest fault (kept to one mode for CI's time; any mode takes it, e.g. lora_only)."""

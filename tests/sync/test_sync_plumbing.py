@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import http.server
 import json
+import threading
 import time
 from pathlib import Path
 
@@ -13,7 +15,7 @@ from sync_helpers import SocketSupervisor, VllmStandIn, free_port
 from grpo_trainer.control import SupervisorLink
 from grpo_trainer.models import build_tiny_model, load_model
 from grpo_trainer.sync.base import MODES, SyncContext
-from grpo_trainer.sync.client import InferenceClient, SyncError
+from grpo_trainer.sync.client import InferenceClient, InferenceUnreachable, SyncError
 from grpo_trainer.sync.colocate import ColocateSharedSync, VllmColocateSync
 from grpo_trainer.sync.lora_only import HotSwapSync
 from grpo_trainer.sync.none import ReloadSync
@@ -191,3 +193,62 @@ def test_a_failed_direct_copy_probe_falls_back_and_says_why(
     assert "direct-copy weight update failed" in event["message"]
     assert refusal in event["message"] and "checkpoint format" in event["message"]
     assert f"[warning] {event['message']}" in capsys.readouterr().err
+
+
+class PauseEndpoints:
+    """``/pause`` and ``/resume`` answering ``status``, as a server on its way down or one
+    refusing: a real HTTP server on a free port; ``close`` takes it away."""
+
+    def __init__(self, status: int) -> None:
+        self.paths: list[str] = []
+        endpoints = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                endpoints.paths.append(self.path.split("?")[0])
+                self.send_response(status)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def paused_update(url: str, tmp_path: Path) -> SharedFileSync:
+    strategy = SharedFileSync(SyncContext(url, "policy", tmp_path, "builtin"))
+    strategy.client = InferenceClient(url, attempts=2, backoff=0.01)
+    return strategy
+
+
+def test_the_optimizer_step_goes_on_when_the_server_is_gone_not_when_it_refuses(
+    tmp_path: Path,
+) -> None:
+    """shared_vllm pauses generation around the optimizer step. A server killed just before
+    (nothing listens) samples nothing: the fault suite's trainer died on this pause with a
+    traceback and was restarted. A server that answers and refuses is an error still."""
+    gone = paused_update(f"http://127.0.0.1:{free_port()}", tmp_path)
+    gone.before_optimizer_step()
+    gone.after_optimizer_step()
+
+    paused = PauseEndpoints(200)
+    strategy = paused_update(paused.url, tmp_path)
+    strategy.before_optimizer_step()
+    paused.close()  # killed while paused: its successor starts unpaused
+    strategy.after_optimizer_step()
+    assert paused.paths == ["/pause"]
+
+    refusing = PauseEndpoints(409)
+    try:
+        with pytest.raises(SyncError, match="HTTP 409") as refused:
+            paused_update(refusing.url, tmp_path).before_optimizer_step()
+        assert not isinstance(refused.value, InferenceUnreachable)
+    finally:
+        refusing.close()
