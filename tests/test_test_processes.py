@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from free_ports import free_port
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -62,12 +62,6 @@ def test_starts_and_hangs(tmp_path):
     Path(os.environ["GUARD_PID_FILE"]).write_text(str(started.pid))
     threading.Event().wait()
 """
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.parametrize("what", ["api", "run"])

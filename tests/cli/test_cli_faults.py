@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,13 +20,8 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from free_ports import free_port
 from test_headless_run import REPO, child, events, only_run_dir, write_profile
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_run(profile: Path) -> subprocess.Popen[str]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from typing import Any, TypeVar
 
 import psutil
 import tomli_w
+from free_ports import free_port as free_port
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "profiles" / "quickstart.toml"
@@ -30,12 +30,6 @@ RUN_ID_VAR = "GRPO_TUI_RUN_ID"
 POLL = 0.1
 
 ValueT = TypeVar("ValueT")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(condition: Callable[[], ValueT | None], deadline_s: float, what: str) -> ValueT:

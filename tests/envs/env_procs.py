@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from free_ports import free_port as free_port
 
 START_DEADLINE = 90.0
 POLL = 0.05
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def wait_until(condition: Callable[[], Any], deadline_s: float, what: str) -> Any:

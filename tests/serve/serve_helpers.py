@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import httpx
 import torch
+from free_ports import free_port as free_port
 from peft import LoraConfig, get_peft_model
 
 from grpo_trainer.models import load_model
@@ -29,12 +29,6 @@ def completion(url: str, prompt: str, max_tokens: int, n: int = 1) -> dict:
     response = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
     assert response.status_code == 200, response.text
     return response.json()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def make_adapter(base_dir: Path, out: Path, *, rank: int = 4, seed: int = 0) -> Path:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -12,6 +11,7 @@ from typing import Any
 
 import psutil
 import pytest
+from free_ports import free_port as free_port
 
 from grpo_tui.supervisor.events import Event, State, StateChanged
 from grpo_tui.supervisor.spec import ProcessSpec
@@ -23,12 +23,6 @@ CHILDREN = Path(__file__).with_name("children")
 def child(script: str, *args: object) -> list[str]:
     """Command line running one of the test child scripts with this interpreter."""
     return [sys.executable, str(CHILDREN / script), *map(str, args)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def alive(pids: list[int]) -> list[int]:

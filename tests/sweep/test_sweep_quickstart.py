@@ -4,7 +4,6 @@ expansion (products, zips) is tested without processes in ``test_sweep_grid.py``
 from __future__ import annotations
 
 import itertools
-import socket
 import subprocess
 import sys
 import tomllib
@@ -12,18 +11,13 @@ from pathlib import Path
 
 import pytest
 import tomli_w
+from free_ports import free_port
 
 from grpo_tui.sweep.results import SweepResults
 from grpo_tui.sweep.store import SweepDir
 
 REPO = Path(__file__).resolve().parents[2]
 QUICKSTART = REPO / "profiles" / "quickstart.toml"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.mark.e2e

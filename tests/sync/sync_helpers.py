@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import socket
 import socketserver
 import threading
 from collections.abc import Callable
@@ -13,17 +12,12 @@ from typing import Any
 
 import httpx
 import torch
+from free_ports import free_port as free_port
 from torch import nn
 
 from grpo_trainer.serve.launch import ServerProcess
 from grpo_trainer.serve.settings import InferenceSettings, inference_command
 from grpo_trainer.train.logprobs import naive_token_logprobs
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class ModeServer:

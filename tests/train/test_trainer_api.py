@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,17 +14,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from free_ports import free_port
 from train_helpers import REPO, make_groups, tiny_model, trainer_env
 
 from grpo_trainer.train.api_client import ApiClient, Registration
 
 STEPS = 4
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 class Api:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 from pathlib import Path
 
 import httpx
 import pytest
+from free_ports import free_port
 from train_helpers import (
     REPO,
     make_groups,
@@ -23,12 +23,6 @@ from train_helpers import (
 from grpo_trainer.serve.launch import ServerProcess
 from grpo_trainer.serve.settings import InferenceSettings, inference_command
 from grpo_trainer.train.__main__ import main
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

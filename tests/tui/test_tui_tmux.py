@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from free_ports import free_port
 from required_tools import require
 
 QUICKSTART = Path(__file__).resolve().parents[2] / "profiles" / "quickstart.toml"
@@ -34,12 +34,6 @@ EXITED = re.compile(r"GRPO-TUI-EXITED (\d+)")
 GRPO_TUI = Path(sys.executable).with_name("grpo-tui")
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def profile_copy(tmp_path: Path) -> Path:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 import time
 from pathlib import Path
+
+from free_ports import free_port
 
 from grpo_tui.app import GrpoTuiApp
 from grpo_tui.run_files import load_run
@@ -17,12 +18,6 @@ from grpo_tui.widgets.process_table import ProcessTable
 
 SERVER = "import socket, sys, time\ns = socket.create_server(('127.0.0.1', int(sys.argv[1])))\n"
 SERVER += "while True: time.sleep(1)"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def test_viewer_rows_carry_role_and_port_from_the_journal(tmp_path: Path) -> None:
