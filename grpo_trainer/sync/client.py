@@ -21,7 +21,12 @@ class SyncError(RuntimeError):
 
 
 class InferenceUnreachable(SyncError):
-    """No attempt reached the server (refused, reset, timed out): it is down or gone."""
+    """No attempt found a server listening, or each lost its connection: it is down or
+    gone. A timeout is not this: a slow server is alive."""
+
+
+GONE = (httpx.ConnectError, httpx.RemoteProtocolError, httpx.ReadError)
+"""Transport errors that mean nothing serves at the address (refused, dropped)."""
 
 
 class InferenceClient:
@@ -55,19 +60,20 @@ class InferenceClient:
         A 4xx is the server refusing the request (bad adapter, unknown name): not retried.
         """
         first = last = ""
-        answered = False
+        alive = False  # some attempt got an answer or timed out
         for attempt in range(self.attempts):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
                 response = self.http.request(method, path, json=json, params=params)
             except httpx.HTTPError as error:
+                alive = alive or not isinstance(error, GONE)
                 last = f"{type(error).__name__}: {error}"
                 first = first or last
                 continue
             if response.status_code < 400:
                 return response
-            answered = True
+            alive = True
             last = f"HTTP {response.status_code}: {response.text[:500]}"
             first = first or last
             if response.status_code < 500:
@@ -75,7 +81,7 @@ class InferenceClient:
         # A retried call can fail differently the second time (a server that reset its
         # state after the first error): the first error is the cause, so it is kept.
         cause = last if first in ("", last) else f"{last} (first attempt: {first})"
-        failed = SyncError if answered else InferenceUnreachable
+        failed = SyncError if alive else InferenceUnreachable
         raise failed(f"{method} {self.base_url}{path} failed: {cause}")
 
     def post(self, path: str, json: Any = None, **params: Any) -> httpx.Response:

@@ -199,13 +199,14 @@ class PauseEndpoints:
     """``/pause`` and ``/resume`` answering ``status``, as a server on its way down or one
     refusing: a real HTTP server on a free port; ``close`` takes it away."""
 
-    def __init__(self, status: int) -> None:
+    def __init__(self, status: int, delay: float = 0.0) -> None:
         self.paths: list[str] = []
         endpoints = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 endpoints.paths.append(self.path.split("?")[0])
+                time.sleep(delay)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()
@@ -224,7 +225,7 @@ class PauseEndpoints:
 
 def paused_update(url: str, tmp_path: Path) -> SharedFileSync:
     strategy = SharedFileSync(SyncContext(url, "policy", tmp_path, "builtin"))
-    strategy.client = InferenceClient(url, attempts=2, backoff=0.01)
+    strategy.client = InferenceClient(url, timeout=0.3, attempts=2, backoff=0.01)
     return strategy
 
 
@@ -245,10 +246,10 @@ def test_the_optimizer_step_goes_on_when_the_server_is_gone_not_when_it_refuses(
     strategy.after_optimizer_step()
     assert paused.paths == ["/pause"]
 
-    refusing = PauseEndpoints(409)
-    try:
-        with pytest.raises(SyncError, match="HTTP 409") as refused:
-            paused_update(refusing.url, tmp_path).before_optimizer_step()
-        assert not isinstance(refused.value, InferenceUnreachable)
-    finally:
-        refusing.close()
+    for answer, match in ((PauseEndpoints(409), "HTTP 409"), (PauseEndpoints(200, 1.0), "Timeout")):
+        try:  # refused, or too slow to answer: alive, and the step must not go on unpaused
+            with pytest.raises(SyncError, match=match) as refused:
+                paused_update(answer.url, tmp_path).before_optimizer_step()
+            assert not isinstance(refused.value, InferenceUnreachable)
+        finally:
+            answer.close()
