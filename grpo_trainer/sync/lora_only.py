@@ -22,6 +22,7 @@ holds the adapter) and is asked for ``<base>:<adapter>``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from pathlib import Path
@@ -102,8 +103,13 @@ class HotSwapSync(WeightSync):
 
     def attach(self, model: nn.Module) -> nn.Module:
         """Serve the trainer's adapter before the first rollout is asked for (also after an
-        inference restart: the new server holds none of ours)."""
+        inference restart: the new server holds none of ours). Ours are unloaded first
+        where the server still holds them: a trainer that found inference down at its start
+        attaches to the next server, then re-attaches to that same one once it is up."""
         require_peft(model, self.mode)
+        for name in self.loaded:
+            with contextlib.suppress(SyncError):  # a new server: it never had it
+                self.post_adapter("unload_lora_adapter", name)
         self.loaded = []
         self.base = None
         path = save_adapter(model, self.context.checkpoint_dir, "adapter_start")

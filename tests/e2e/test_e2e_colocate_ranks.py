@@ -3,10 +3,11 @@
 A copy of ``profiles/quickstart.toml`` with ``[trainer] ranks = 2`` (torchrun, 2 gloo FSDP2
 ranks) and ``[inference] data_parallel_size = 2`` (the built-in server's 2 replicas, one per
 rank). Every step the replicas sleep, both ranks train, and each replica is loaded from its
-own rank's gathered weights (shared memory standing in for CUDA IPC): the run exits 0, the
-reward rises as in one-process ``colocate`` (``test_e2e_modes.py``), every step reports its
-phases and its pushed weights, on-policy sequences' logprobs match the trainer's, and
-nothing of the run outlives it.
+own rank's gathered weights (shared memory standing in for CUDA IPC): the run exits 0,
+every step reports its phases and its pushed weights, on-policy sequences' logprobs match
+the trainer's (each replica holds its rank's weights), and nothing of the run outlives it.
+That two ranks train as one does is ``tests/train/test_trainer_distributed.py``'s; that
+colocate learns, ``test_e2e_modes.py``'s: this run is short.
 """
 
 from __future__ import annotations
@@ -14,10 +15,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from e2e_stack import HeadlessCli, mean, quickstart_run_to_end, trainer_steps
-from test_e2e_modes import MARGIN, STEPS, WINDOW
+from e2e_stack import HeadlessCli, quickstart_run_to_end, trainer_steps
 
 RANKS = 2
+STEPS = 12
 
 
 @pytest.mark.e2e
@@ -25,7 +26,7 @@ RANKS = 2
 def test_colocate_on_two_ranks_and_two_replicas_learns_and_leaves_nothing(
     tmp_path: Path, cli: list[HeadlessCli]
 ) -> None:
-    steps = STEPS["colocate"]
+    steps = STEPS
     overrides = {
         "trainer": {"training_steps": steps, "checkpoint_interval": 10, "ranks": RANKS},
         "inference": {"data_parallel_size": RANKS},
@@ -56,9 +57,3 @@ def test_colocate_on_two_ranks_and_two_replicas_learns_and_leaves_nothing(
     assert "2 replicas" in served
     saved = {p.name for p in (run_dir / "checkpoints").iterdir()}
     assert f"step_{steps}" in saved
-
-    curve = [data["reward/mean"] for _, data in records]
-    first, last = mean(curve[:WINDOW]), mean(curve[-WINDOW:])
-    print(f"colocate x{RANKS}: reward first {WINDOW} steps {first:.3f}, last {last:.3f}")
-    assert first < 0.2
-    assert last > first + MARGIN, f"no clear rise: {first:.3f} -> {last:.3f}"

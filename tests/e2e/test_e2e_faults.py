@@ -38,7 +38,7 @@ from fault_injection import (
 SEED = suite_seed()
 MODES = ("shared_vllm", "lora_only", "none", "lora_restart", "colocate")
 FAULTS = fault_count()
-"""Faults per mode (``GRPO_FAULT_COUNT``, 6 in CI: 30 over the five modes), each of the
+"""Faults per mode (``GRPO_FAULT_COUNT``, 5 in CI: 25 over the five modes), each of the
 trainer and inference once, the API and the environment at least once (the rest drawn
 between them), the supervisor in ``SUPERVISOR_IN``. 10 a mode, 50 in all, is the issue's
 count: ``benchmarks/results/faults_cpu_suite.md``."""

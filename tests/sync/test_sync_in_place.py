@@ -157,6 +157,10 @@ def test_lora_syncs_move_the_served_name_without_pausing_or_failing_a_request(
             load.wait_for(len(load.done) + 2)
         served = server_logprobs(server.url, str(strategy.served_model), prompt, completion)
         listed = httpx.get(f"{server.url}/v1/models").json()["data"]
+        # a re-attach to this same server (a trainer that found inference down at its start
+        # attaches to the next one, then re-attaches once it is up): ours are replaced
+        strategy.attach(model)
+        relisted = httpx.get(f"{server.url}/v1/models").json()["data"]
     finally:
         strategy.close()
     assert torch.allclose(served, trainer_logprobs(model, prompt, completion), atol=ATOL)
@@ -166,6 +170,7 @@ def test_lora_syncs_move_the_served_name_without_pausing_or_failing_a_request(
     assert "/pause" not in paths and "/resume" not in paths
     adapters = [m["id"] for m in listed if m.get("parent")]
     assert len(adapters) <= 2 and names[-1] in adapters, adapters
+    assert [m["id"] for m in relisted if m.get("parent")] == [strategy.served_model]
 
 
 @pytest.mark.parametrize("mode_server", ["lora_only"], indirect=True)
