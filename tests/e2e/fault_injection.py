@@ -40,6 +40,7 @@ from e2e_stack import (
     queue_counts,
     read_jsonl,
     run_id_of,
+    spawns,
     tagged,
     wait_until,
 )
@@ -361,11 +362,7 @@ def _trainer_restarts(run: FaultRun) -> list[str]:
     whose supervisor was killed may end before it spawned the killed trainer again."""
     found = []
     for index, run_dir in enumerate(run.run_dirs):
-        spawned = sum(
-            1
-            for e in events(run_dir, "StateChanged")
-            if e["process"] == "trainer" and e["new"] == "starting"
-        )
+        spawned = len(spawns(run_dir, "trainer"))
         killed = sum(1 for i in run.injected if (i.fault.target, i.run_dir) == ("trainer", run_dir))
         cut_short = index + 1 < len(run.run_dirs)
         if spawned > 1 + killed or (spawned < 1 + killed and not cut_short):

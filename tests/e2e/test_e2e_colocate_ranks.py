@@ -23,7 +23,7 @@ STEPS = 12
 
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
-def test_colocate_on_two_ranks_and_two_replicas_learns_and_leaves_nothing(
+def test_colocate_on_two_ranks_and_two_replicas_serves_each_ranks_weights_and_leaves_nothing(
     tmp_path: Path, cli: list[HeadlessCli]
 ) -> None:
     steps = STEPS
