@@ -20,7 +20,6 @@ Torch-free.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -112,8 +111,10 @@ class NoticeWatcher(Generic[NoticeT]):
 class IncarnationWatch:
     """Which inference incarnation a process last attached to, and whether a newer one is up.
 
-    ``adopt`` takes the incarnation up now as the one attached to (at attach, and after a
-    sync that restarted inference itself, waiting briefly for the supervisor's word).
+    ``adopt`` takes the incarnation up now as the one attached to (read before attaching, so
+    that a server restarted meanwhile shows as a newer one); after a sync that restarted
+    inference itself, ``started`` takes the incarnation the supervisor's reply named (the
+    file may already show a later one: that crash restart serves other weights).
     """
 
     def __init__(self, watcher: NoticeWatcher[InferenceLife] | None = None) -> None:
@@ -127,21 +128,19 @@ class IncarnationWatch:
     def life(self) -> InferenceLife | None:
         return self.watcher.current()
 
-    def adopt(self, wait: float = 0.0) -> int | None:
-        """The incarnation up now becomes the attached one; with ``wait``, one newer than the
-        attached is waited for (up to ``wait`` seconds: the supervisor's word on a restart
-        this process asked for may trail its reply). Returns it (None: no supervisor)."""
-        deadline = time.monotonic() + wait
-        while True:
-            life = self.life()
-            newer = life is not None and life.up and life.incarnation != self.attached
-            if newer or time.monotonic() >= deadline:
-                break
-            time.sleep(0.02)
+    def adopt(self) -> int | None:
+        """The incarnation up now becomes the attached one; returns it (None: no supervisor,
+        or none up yet)."""
+        life = self.life()
         if life is not None and life.up:
             self.attached = life.incarnation
         self.adopted_down = self.attached is None and life is not None
         return self.attached
+
+    def started(self, incarnation: int) -> None:
+        """A restart this process asked for started ``incarnation`` (the supervisor's reply)."""
+        self.attached = incarnation
+        self.adopted_down = False
 
     def down(self) -> bool:
         """True while the supervisor says inference is not up."""

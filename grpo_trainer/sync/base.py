@@ -49,6 +49,9 @@ class SyncResult:
     phases: dict[str, float] = field(default_factory=dict)
     """Seconds per phase of the sync where a strategy measures them (reported as
     ``sync/<phase>_time``)."""
+    incarnation: int | None = None
+    """The inference incarnation a sync that restarted inference started (the supervisor's
+    word; None when the sync did not restart it)."""
 
 
 class WeightSync(ABC):

@@ -53,8 +53,10 @@ class AdapterRestartSync(HotSwapSync):
         start = time.perf_counter()
         path = save_adapter(model, self.context.checkpoint_dir, f"adapter_step_{step}")
         args = {"model": adapter_base(path), "lora_path": str(path.resolve())}
-        self.restarts.restart(self.client, args)
+        incarnation = self.restarts.restart(self.client, args)
         self.loaded = []  # a new server: none of the adapters loaded at run time
         self.served_model = self._request_name(self.context.served_model_name)
         prune_served(self.context.checkpoint_dir, keep=path)
-        return SyncResult(sync_time=time.perf_counter() - start, policy_version=step)
+        return SyncResult(
+            sync_time=time.perf_counter() - start, policy_version=step, incarnation=incarnation
+        )

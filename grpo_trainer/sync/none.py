@@ -54,8 +54,9 @@ class FullWeightsSync(WeightSync):
         self.served_model = None
         return model
 
-    def serve(self, path: Path, step: int) -> None:
-        """Make the server serve the weights at ``path`` (written for ``step``)."""
+    def serve(self, path: Path, step: int) -> int | None:
+        """Make the server serve the weights at ``path`` (written for ``step``); the
+        inference incarnation that serves them where this started one."""
         raise NotImplementedError
 
     def sync(self, model: nn.Module, step: int) -> SyncResult:
@@ -63,13 +64,13 @@ class FullWeightsSync(WeightSync):
         start = time.perf_counter()
         path = save_full(model, self._tokenizer_for(model), self.context.checkpoint_dir, step)
         written = time.perf_counter()
-        self.serve(path.resolve(), step)
+        incarnation = self.serve(path.resolve(), step)
         if self.served_model is None:  # the base's name, what environments ask for
             self.served_model = base_model_name(self.client)
         prune_served(self.context.checkpoint_dir, keep=path)
         done = time.perf_counter()
         phases = {"save": written - start, "load": done - written}
-        return SyncResult(sync_time=done - start, policy_version=step, phases=phases)
+        return SyncResult(done - start, step, phases, incarnation)
 
     def close(self) -> None:
         """Close the HTTP client (the link belongs to the trainer)."""
@@ -99,6 +100,7 @@ class RestartSync(FullWeightsSync):
         super().__init__(context)
         self.restarts = InferenceRestarts(self.mode, link)
 
-    def serve(self, path: Path, step: int) -> None:
-        self.restarts.restart(self.client, {"model": str(path)})
+    def serve(self, path: Path, step: int) -> int | None:
+        incarnation = self.restarts.restart(self.client, {"model": str(path)})
         self.served_model = None  # a new server: its name is asked for again
+        return incarnation

@@ -53,9 +53,9 @@ class InferenceRestarts:
         self.link = require_link(link, mode)
         self.timeout = timeout
 
-    def restart(self, client: InferenceClient, args: dict[str, Any]) -> None:
-        """``restart_inference`` with this strategy's link and timeout."""
-        restart_inference(self.link, client, args, timeout=self.timeout)
+    def restart(self, client: InferenceClient, args: dict[str, Any]) -> int | None:
+        """``restart_inference`` with this strategy's link and timeout; the incarnation."""
+        return restart_inference(self.link, client, args, timeout=self.timeout)
 
 
 def restart_inference(
@@ -66,8 +66,9 @@ def restart_inference(
     timeout: float,
     attempts: int = 3,
     backoff: float = 1.0,
-) -> None:
+) -> int | None:
     """Restart ``inference`` with ``args`` and wait until it is healthy; retry with backoff.
+    Returns the incarnation the supervisor started (None: its reply names none).
 
     Raises ``SupervisorStopping`` at once when the supervisor is shutting down, else
     ``SyncError`` after ``attempts`` failures.
@@ -78,9 +79,10 @@ def restart_inference(
             link.send_event("warning", f"inference restart failed ({last}); retrying")
             time.sleep(backoff * 2 ** (attempt - 1))
         try:
-            link.request("restart", process="inference", args=args, timeout=timeout)
+            reply = link.request("restart", process="inference", args=args, timeout=timeout)
             client.wait_healthy(timeout)
-            return
+            incarnation = reply.get("incarnation")
+            return incarnation if isinstance(incarnation, int) else None
         except SupervisorShuttingDown as error:
             raise SupervisorStopping(str(error)) from None
         except (ControlError, SyncError) as error:

@@ -161,6 +161,9 @@ class Trainer:
         self.strategy = strategy
         self.reference = reference
         self.step = 0 if resume is None else resume.step
+        self.path = WeightPath(self)
+        if self.world.is_main:  # before attaching: a server restarted since is newer
+            self.path.incarnation.adopt()
         self.model = model if strategy is None else strategy.attach(model)
         self.optimizer = build_optimizer(
             self.model, config.optimizer, config.base_lr, config.weight_decay,
@@ -190,9 +193,6 @@ class Trainer:
         self.last_synced_step = self.step
         self.last_saved_step = self.step
         self.stop_requested = False
-        self.path = WeightPath(self)
-        if self.world.is_main:
-            self.path.incarnation.adopt()  # the server ``attach`` just reached
 
     def request_stop(self) -> None:
         """Finish the current step, checkpoint, and return from ``run`` (SIGTERM handler)."""

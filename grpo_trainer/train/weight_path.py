@@ -25,7 +25,6 @@ from grpo_trainer.run_notices import (
     ModeSwitch,
     NoticeWatcher,
 )
-from grpo_trainer.serve.capabilities import restarts_inference
 from grpo_trainer.sync.base import SyncResult
 from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.restart import SupervisorStopping
@@ -36,8 +35,8 @@ if TYPE_CHECKING:
 DOWN_WAIT = 900.0
 """Seconds the trainer waits for inference to come back before it stops."""
 SAY_EVERY = 15.0
-RESTART_ADOPT_WAIT = 5.0
-"""After a sync that restarted inference itself: seconds for the supervisor's word on it."""
+RESTART_SEEN_WAIT = 5.0
+"""After a failure that may be a restarting server: seconds for the supervisor's word."""
 
 
 class SyncLagExceeded(RuntimeError):
@@ -119,6 +118,8 @@ class WeightPath:
         """Re-establish the weight path to a new inference server and push our weights."""
         trainer = self.trainer
         started = time.perf_counter()
+        if trainer.world.is_main:
+            self.incarnation.adopt()  # before attaching: a server restarted since is newer
         if trainer.strategy is not None:
             try:
                 trainer.model = trainer.strategy.attach(trainer.model)
@@ -127,8 +128,6 @@ class WeightPath:
                     f"re-attaching to the restarted inference server failed: {exc}; stopping"
                 ) from exc
             self.sync_now("weight sync after an inference restart")
-        if trainer.world.is_main:
-            self.incarnation.adopt()
         self.report()
         trainer.reporter.event(
             "info",
@@ -140,7 +139,7 @@ class WeightPath:
     def release_device(self) -> None:
         """Collective: inference releases the GPU before a training step (``colocate``'s
         sleep). When that fails because inference is restarting (the supervisor says so
-        within ``RESTART_ADOPT_WAIT`` s), the weight path is re-established first (``take``:
+        within ``RESTART_SEEN_WAIT`` s), the weight path is re-established first (``take``:
         wait until up, re-attach, push the weights) and the new server sleeps; the batch in
         hand stays valid, it was generated before. Any other failure stops the run."""
         trainer = self.trainer
@@ -172,9 +171,9 @@ class WeightPath:
         )
 
     def _restart_seen(self) -> bool:
-        """Rank 0: whether the supervisor says, within ``RESTART_ADOPT_WAIT`` s, that
+        """Rank 0: whether the supervisor says, within ``RESTART_SEEN_WAIT`` s, that
         inference is down or a new incarnation is up."""
-        deadline = time.monotonic() + RESTART_ADOPT_WAIT
+        deadline = time.monotonic() + RESTART_SEEN_WAIT
         while time.monotonic() < deadline:
             if self.incarnation.down() or self.incarnation.restarted():
                 return True
@@ -226,15 +225,12 @@ class WeightPath:
 
     def synced(self, result: SyncResult) -> None:
         """A sync finished: the served version moves and is reported. After a sync that
-        restarted inference itself, that new incarnation is the one attached to."""
+        restarted inference itself, the incarnation it started is the one attached to."""
         trainer = self.trainer
         trainer.policy_version = result.policy_version
         trainer.last_synced_step = trainer.step
-        config = trainer.config
-        if trainer.world.is_main and restarts_inference(
-            config.weight_bridge_mode, config.none_reload
-        ):
-            self.incarnation.adopt(wait=RESTART_ADOPT_WAIT)
+        if trainer.world.is_main and result.incarnation is not None:
+            self.incarnation.started(result.incarnation)
         self.report()
 
     def report(self) -> None:

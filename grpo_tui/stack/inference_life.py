@@ -34,7 +34,7 @@ class InferenceLifeWriter:
         """Write the file when ``event`` moves the inference process into or out of ready."""
         if event.new == State.READY:
             self.life = InferenceLife(
-                incarnation=self.life.incarnation + 1, up=True, pid=event.pid, t=event.t
+                incarnation=event.incarnation, up=True, pid=event.pid, t=event.t
             )
         elif self.life.up:
             self.life = self.life.model_copy(update={"up": False, "t": event.t})

@@ -47,6 +47,9 @@ class StateChanged(Event):
     old: State
     new: State
     pid: int | None = None
+    incarnation: int = 0
+    """How many times the process had become ready, this change included: a change into
+    ready carries the number of that incarnation (a restart request's reply names it)."""
     reason: str = ""
     exit_code: int | None = None
 

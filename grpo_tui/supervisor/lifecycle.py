@@ -53,6 +53,8 @@ class ProcessStatus:
     health: str | None
     exit_code: int | None
     last_reason: str
+    incarnation: int
+    """How many times it became ready in this run: the number of the ready one."""
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,7 @@ class ProcessLife:
         self.attempt = 0
         self.started_at: float | None = None
         self.ready_at = 0.0  # when it last became ready (its counters start before)
+        self.incarnation = 0  # how many times it became ready
         self.exit_code: int | None = None
         self.last_reason = ""
         self.health: str | None = None
@@ -129,6 +132,7 @@ class ProcessLife:
             pid=child.pid if child is not None and self.running else None,
             started_at=self.started_at,
             restarts=self.restarts,
+            incarnation=self.incarnation,
             port=self.spec.port,
             health=self.health,
             exit_code=self.exit_code,
@@ -397,10 +401,11 @@ class ProcessLife:
         pid: int | None = None,
         exit_code: int | None = None,
     ) -> None:
-        old = self.state
+        old, was_ready = self.state, self.ready
         self.state = new
-        if self.ready and old != new:
+        if self.ready and not was_ready:
             self.ready_at = time.time()
+            self.incarnation += 1
         self.last_reason = reason or self.last_reason
         if exit_code is not None:
             self.exit_code = exit_code
@@ -413,6 +418,7 @@ class ProcessLife:
                 old=old,
                 new=new,
                 pid=child_pid,
+                incarnation=self.incarnation,
                 reason=reason,
                 exit_code=exit_code if exit_code is not None else self.exit_code,
             )

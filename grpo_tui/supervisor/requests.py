@@ -63,7 +63,12 @@ def process_operations(sup: Supervisor) -> dict[str, RequestHandler]:
             name = request.target if request.target in sup.names else sup.by_role(request.target)
             await operate(name, request)
             status = sup.status()[name]
-            return {"process": name, "state": str(status.state), "pid": status.pid}
+            return {
+                "process": name,
+                "state": str(status.state),
+                "pid": status.pid,
+                "incarnation": status.incarnation,
+            }
 
         return handle
 

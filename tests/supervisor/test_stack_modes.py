@@ -131,23 +131,25 @@ def test_a_request_action_has_one_handler(tmp_path) -> None:
 
 
 def test_inference_incarnations_follow_its_state_changes(tmp_path) -> None:
-    """Ready: one more incarnation, up; leaving ready: down at once (the API holds the
-    environments from then on); changes that move nothing are not written."""
+    """Ready: that incarnation (the supervisor's number), up; leaving ready: down at once
+    (the API holds the environments from then on); changes that move nothing are not
+    written."""
     sup = Supervisor([spec("inference", [sys.executable, "-c", "pass"], role="inference")],
                      tmp_path / "run")  # fmt: skip
     (tmp_path / "run").mkdir()
     writer = InferenceLifeWriter(sup)
     watcher = NoticeWatcher(writer.path, InferenceLife)
 
-    def change(old: State, new: State, pid: int | None = None) -> InferenceLife | None:
-        writer.apply(StateChanged(process="inference", old=old, new=new, pid=pid))
+    def change(old: State, new: State, pid: int | None, readied: int) -> InferenceLife | None:
+        event = StateChanged(process="inference", old=old, new=new, pid=pid, incarnation=readied)
+        writer.apply(event)
         return watcher.current()
 
-    assert change(State.PENDING, State.STARTING, 10) is None
-    assert change(State.STARTING, State.READY, 10) == InferenceLife(
+    assert change(State.PENDING, State.STARTING, 10, 0) is None
+    assert change(State.STARTING, State.READY, 10, 1) == InferenceLife(
         incarnation=1, up=True, pid=10, t=writer.life.t
     )
-    assert change(State.READY, State.BACKOFF).up is False
-    assert change(State.BACKOFF, State.STARTING, 11).incarnation == 1
-    back = change(State.STARTING, State.READY, 11)
+    assert change(State.READY, State.BACKOFF, 10, 1).up is False
+    assert change(State.BACKOFF, State.STARTING, 11, 1).incarnation == 1
+    back = change(State.STARTING, State.READY, 11, 2)
     assert (back.incarnation, back.up, back.pid) == (2, True, 11)

@@ -27,7 +27,7 @@ SLEEPER = [sys.executable, "-c", "import time\nprint('up', flush=True)\ntime.sle
 
 
 def status(name: str, role: str, state: State, health: str | None = "ok", why: str = ""):
-    return ProcessStatus(name, role, state, 1, 0.0, 0, None, health, None, why)
+    return ProcessStatus(name, role, state, 1, 0.0, 0, None, health, None, why, 1)
 
 
 def test_processes_name_servers_first_then_environments_then_the_trainer() -> None:
@@ -51,7 +51,7 @@ def test_processes_name_servers_first_then_environments_then_the_trainer() -> No
 
 def test_processes_that_restarted_since_the_last_step_are_named() -> None:
     def up(name: str, role: str, started: float):
-        return ProcessStatus(name, role, State.READY, 1, started, 1, None, "ok", None, "")
+        return ProcessStatus(name, role, State.READY, 1, started, 1, None, "ok", None, "", 1)
 
     seen = Progress(step=7, step_at=100.0, phase="training")
     statuses = {

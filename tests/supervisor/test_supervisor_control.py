@@ -6,7 +6,13 @@ import json
 
 from conftest import child, free_port, spec
 
-from grpo_tui.supervisor.events import MetricsRecord, Notice, RequestReceived, ResourceSample
+from grpo_tui.supervisor.events import (
+    MetricsRecord,
+    Notice,
+    RequestReceived,
+    ResourceSample,
+    StateChanged,
+)
 from grpo_tui.supervisor.samplers import TokenRate, generation_tokens
 from grpo_tui.supervisor.spec import TcpProbe
 
@@ -64,6 +70,13 @@ async def test_metrics_events_and_requests_round_trip(supervise) -> None:
             replies[reply["id"]] = reply
     assert replies["s1"]["ok"] and replies["s1"]["result"]["processes"]["server"] == "ready"
     assert replies["r1"]["ok"] and replies["r1"]["result"]["state"] == "ready"
+    changes = [e for e in h.events if isinstance(e, StateChanged) and e.process == "server"]
+    readied = [(e.pid, e.incarnation) for e in changes if e.new == "ready"]
+    assert [n for _, n in readied] == [1, 2], "each incarnation gets the next number"
+    restarted = replies["r1"]["result"]
+    assert (restarted["pid"], restarted["incarnation"]) == readied[1], (
+        "the reply names the incarnation the restart started"
+    )
     assert seen == [("server", {"delay": 0.3})]
     assert not replies["x1"]["ok"] and "unknown action" in replies["x1"]["error"]
     asked = [e for e in h.events if isinstance(e, RequestReceived)]

@@ -46,3 +46,31 @@ def test_a_trainer_started_while_inference_was_down_re_attaches_to_the_next_one(
     say(path, 2, up=True)
     assert watch.restarted(), "the incarnation up after a down adopt needs a re-attach"
     assert watch.adopt() == 2 and not watch.restarted()
+
+
+def test_a_restart_the_trainer_asked_for_is_followed_by_its_number_not_the_file(
+    tmp_path: Path,
+) -> None:
+    """CI's lora_restart hang: the incarnation a sync restart started (2) died before the
+    trainer read the file, whose next word was the crash restart (3, without the synced
+    adapter). Taking "the newer one up" as attached, the trainer never re-attached and every
+    request of the environments got 404. The supervisor's reply names 2: 3 is a restart."""
+    watch, path = watch_of(tmp_path)
+    say(path, 1, up=True)
+    assert watch.adopt() == 1
+    say(path, 3, up=True)
+    watch.started(2)
+    assert watch.restarted(), "the crash restart after the one asked for needs a re-attach"
+
+
+def test_a_restart_reply_ahead_of_the_file_waits_for_its_incarnation(tmp_path: Path) -> None:
+    """The reply may come before the supervisor's file says the new incarnation is up: the
+    trainer waits while it says down, and the incarnation it started is no restart."""
+    watch, path = watch_of(tmp_path)
+    say(path, 1, up=True)
+    assert watch.adopt() == 1
+    say(path, 1, up=False)
+    watch.started(2)
+    assert watch.down() and not watch.restarted()
+    say(path, 2, up=True)
+    assert not watch.down() and not watch.restarted()
