@@ -28,9 +28,9 @@ from grpo_tui.supervisor.tree import (
     alive,
     descendants,
     group_members,
+    members,
     signal_all,
     signal_group,
-    tagged,
 )
 
 GATE_ENV = "GRPO_START_GATE"
@@ -175,7 +175,7 @@ class ChildProcess:
         if await self._scan():
             await self.stop(self.spec.shutdown.signum, LEFTOVER_GRACE)
         else:
-            await self._clear_leftovers()
+            await self._clear_leftovers(scanned=[])
         return await exited
 
     async def _leader_gone(self) -> None:
@@ -241,10 +241,13 @@ class ChildProcess:
         """SIGKILL at once (no grace), then confirm like ``stop``."""
         return await self.stop(signal.SIGKILL, KILL_WAIT)
 
-    async def _clear_leftovers(self) -> list[psutil.Process | str]:
-        """SIGKILL anything still in the group or tagged with this process, cancel its job
-        steps still running; wait; report what survived (processes, step ids)."""
-        leftovers = await self._scan()
+    async def _clear_leftovers(
+        self, scanned: list[psutil.Process] | None = None
+    ) -> list[psutil.Process | str]:
+        """SIGKILL anything still in the group or tagged with this process (``scanned``: a
+        scan just made), cancel its job steps still running; wait; report what survived
+        (processes, step ids)."""
+        leftovers = await self._scan() if scanned is None else scanned
         if leftovers:
             signal_all(leftovers, signal.SIGKILL)
             await self._gone_within(KILL_WAIT, leftovers)
@@ -264,8 +267,8 @@ class ChildProcess:
     async def _scan(self) -> list[psutil.Process]:
         """Group members, tagged processes and remembered descendants still alive."""
         found = {p.pid: p for p in alive(self.known.values())}
-        found.update({p.pid: p for p in await asyncio.to_thread(group_members, self.pgid)})
-        found.update({p.pid: p for p in await asyncio.to_thread(tagged, self.run_id, self.tag)})
+        scanned = await asyncio.to_thread(members, self.pgid, self.run_id, self.tag)
+        found.update({p.pid: p for p in scanned})
         return list(found.values())
 
     def _outside_group(self, procs: list[psutil.Process]) -> list[psutil.Process]:

@@ -13,7 +13,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import psutil
 
@@ -31,34 +31,38 @@ def is_alive(proc: psutil.Process) -> bool:
 
 def tagged(run_id: str, process: str | None = None) -> list[psutil.Process]:
     """Live processes of this user whose environment carries this run's tag (and name)."""
-    found = []
-    me = os.getpid()
-    for proc in psutil.process_iter():
-        if proc.pid == me:
-            continue
-        try:
-            env = proc.environ()
-        except psutil.Error:
-            continue
-        if env.get(RUN_ID_VAR) != run_id:
-            continue
-        if process is not None and env.get(PROCESS_VAR) != process:
-            continue
-        if is_alive(proc):
-            found.append(proc)
-    return found
+    return _live(lambda proc: _tagged_with(proc, run_id, process))
 
 
 def group_members(pgid: int) -> list[psutil.Process]:
     """Live processes in process group ``pgid``."""
-    members = []
+    return _live(lambda proc: os.getpgid(proc.pid) == pgid)
+
+
+def members(pgid: int, run_id: str, process: str) -> list[psutil.Process]:
+    """``group_members`` and ``tagged`` together, in one pass over the process table (a
+    dead child's leftovers are looked for at once, on a box that may be busy)."""
+    return _live(lambda proc: os.getpgid(proc.pid) == pgid or _tagged_with(proc, run_id, process))
+
+
+def _tagged_with(proc: psutil.Process, run_id: str, process: str | None) -> bool:
+    env = proc.environ()
+    return env.get(RUN_ID_VAR) == run_id and process in (None, env.get(PROCESS_VAR))
+
+
+def _live(match: Callable[[psutil.Process], bool]) -> list[psutil.Process]:
+    """Live processes (but this one) that ``match``; those that vanish meanwhile are not."""
+    me = os.getpid()
+    found = []
     for proc in psutil.process_iter():
+        if proc.pid == me:
+            continue
         try:
-            if os.getpgid(proc.pid) == pgid and is_alive(proc):
-                members.append(proc)
+            if match(proc) and is_alive(proc):
+                found.append(proc)
         except (OSError, psutil.Error):
             continue
-    return members
+    return found
 
 
 def descendants(pid: int) -> list[psutil.Process]:
