@@ -318,6 +318,8 @@ class ProcessLife:
             asked = self.gave_up or self.stop_requested  # else it exited on its own
             reason = self.last_reason if asked else describe_exit(code)
             return code, reason, time.time() - child.started_at
+        if adopted:  # a restart: the next may come soon, so its standby imports meanwhile
+            self._keep_standby()
         watcher = asyncio.create_task(self._watch_probes(matcher))
         await asyncio.wait({exited, watcher}, return_when=asyncio.FIRST_COMPLETED)
         reason = ""
@@ -365,6 +367,11 @@ class ProcessLife:
         self._give_up(failed, None)
         return False
 
+    def _keep_standby(self) -> None:
+        """Have a standby spawned for the next start (if the spec keeps one; once)."""
+        if self.spec.standby and not self.stop_requested and not self.hooks.closing():
+            self.standby.keep(self.spec)
+
     async def _watch_probes(self, matcher: probes.LogMatcher | None) -> str:
         """Readiness (-> READY), then liveness; returns the liveness failure message."""
         client = self.hooks.client()
@@ -379,8 +386,7 @@ class ProcessLife:
             await probes.wait_ready(spec.readiness, client, ready_report, matcher)
             self.health = "ok"
             self.set_state(State.READY, reason="readiness probe passed")
-        if spec.standby and not self.stop_requested and not self.hooks.closing():
-            self.standby.keep(spec)
+        self._keep_standby()  # (a first start's waits until here: no competing imports)
         if spec.liveness is None:
             await asyncio.Event().wait()
         assert spec.liveness is not None

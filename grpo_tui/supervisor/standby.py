@@ -3,16 +3,19 @@
 A process whose start is mostly imports (vLLM's CLI: 20-30 s) restarts in seconds if the
 interpreter of its next incarnation has done them already. With ``spec.standby`` (which
 needs ``prestart``) the process's life spawns one more incarnation once the current one is
-ready; it does its imports and waits at its start gate (stdin), touching no accelerator
-(its program's promise: ``grpo_trainer.start_gate``). The next start adopts it: its output
-goes to the process's log from then on, and its gate opens with the spec's command (the
-arguments may have changed, e.g. a restart onto a new adapter), so that it becomes that
-incarnation. It is adopted only for a spec with the environment and working directory it
-was spawned with (a running process cannot change either); otherwise it is stopped and the
-start spawns afresh, as without a standby.
+ready, or, where the current one is itself an adopted standby (a restart), once it is
+past its gate: restarts may follow each other soon (vLLM's imports take 16-20 s, a
+``lora_restart`` sync comes every ~25 s on an H200) and the next one should find the
+imports done. It does its imports and waits at its start gate (stdin), touching no
+accelerator (its program's promise: ``grpo_trainer.start_gate``). The next start adopts
+it: its output goes to the process's log from then on, and its gate opens with the spec's
+command (the arguments may have changed, e.g. a restart onto a new adapter), so that it
+becomes that incarnation. It is adopted only for a spec with the environment and working
+directory it was spawned with (a running process cannot change either); otherwise it is
+stopped and the start spawns afresh, as without a standby.
 
 A standby that exits while it waits is reported and not replaced before the next
-incarnation is ready. It is stopped with its process (stop, kill, failure for good, end of
+incarnation starts. It is stopped with its process (stop, kill, failure for good, end of
 the run), never by a restart, which is what it is for. Its environment names it
 ``<name>~standby<N>``: the stop of one incarnation never touches it, and the watchdog and
 the run's sweep find it by the run's tag like every other child.
@@ -85,9 +88,10 @@ class Standby:
         spare, child.sink = child.sink, sink
         spare.end_of_stream()
         spare.close()
+        waited = time.time() - child.started_at
         child.spec = spec
         child.started_at = time.time()
-        self._note(f"adopting its standby (pid {child.pid}): its imports are done")
+        self._note(f"adopting its standby (pid {child.pid}, spawned {waited:.1f} s ago)")
         return child, exited, command
 
     async def discard(self, sig: int = signal.SIGTERM) -> None:

@@ -28,7 +28,7 @@ def server(*args: object, env: dict[str, str] | None = None, **fields: Any) -> P
         child("standby.py", *args),
         prestart=True,
         standby=True,
-        readiness=READY,
+        readiness=fields.pop("readiness", READY),
         env=env or {},
         shutdown={"timeout": 5},
         **fields,
@@ -67,7 +67,7 @@ async def test_restart_adopts_the_standby_with_the_new_command(supervise) -> Non
     assert h.sup.status()["server"].pid == spare  # the standby became the new incarnation
     assert not psutil.pid_exists(first)
     assert started(h.sup.recent_lines("server")) == [(first, ["first"]), (spare, ["second", "x"])]
-    assert notices(h, f"adopting its standby (pid {spare})")
+    assert notices(h, f"adopting its standby (pid {spare},")
     nxt = await standby_pid_after(h, spare)  # a new standby for the next restart
     assert nxt not in (first, spare)
     await h.sup.shutdown("test")
@@ -89,6 +89,26 @@ async def standby_pid_after(h: Any, previous: int) -> int:
     return life.standby.child.pid
 
 
+async def test_an_adopted_standby_has_the_next_one_spawned_before_it_is_ready(supervise) -> None:
+    """Restarts may follow each other sooner than a start plus the imports (``lora_restart``
+    on an H200: a sync every ~25 s, vLLM's imports 16-20 s, its engine start ~7 s): the
+    next standby is spawned once the adopted one is past its gate, not once it is ready
+    (here it never is), so that the next restart finds its imports done."""
+    never = LogLineProbe(pattern=r"^never$", period=0.05)
+    h = supervise([server("first")], respec=lambda name, args: server("second", readiness=never))
+    await h.state("server", State.READY)
+    spare = await standby_pid(h)
+    restart = asyncio.create_task(h.sup.restart("server", args={"again": True}))
+    nxt = await standby_pid_after(h, spare)
+    assert h.sup.status()["server"].pid == spare and h.sup.status()["server"].state == "starting"
+    assert nxt != spare and psutil.Process(nxt).is_running()
+    await h.sup.shutdown("test")
+    await h.run_task
+    restart.cancel()
+    await asyncio.gather(restart, return_exceptions=True)
+    assert tagged(h.sup.run_id) == []
+
+
 async def test_a_crash_restart_adopts_the_standby(supervise) -> None:
     """The standby comes up while the first incarnation runs; that one is then killed (the
     restart policy restarts it), and the standby is its next incarnation, run as spawned."""
@@ -98,7 +118,7 @@ async def test_a_crash_restart_adopts_the_standby(supervise) -> None:
     spare = await standby_pid(h)
     os.kill(first, 9)
     await h.until(lambda e: isinstance(e, StateChanged) and e.new == State.READY and e.pid == spare)
-    assert notices(h, f"adopting its standby (pid {spare})")
+    assert notices(h, f"adopting its standby (pid {spare},")
     assert started(h.sup.recent_lines("server"))[-1] == (spare, ["run"])
 
 
