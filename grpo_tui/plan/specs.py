@@ -45,8 +45,10 @@ TRAINER_SHUTDOWN = 120.0
 # vLLM 0.24 never ends its HTTP shutdown while requests are in flight (it aborts the engine,
 # then waits for the open connections with no timeout), so every restart-mode sync waited
 # out the whole grace before the SIGKILL: 30 of the 65 s of each restart on an H200
-# (2026-11-24). Inference holds nothing to save, so its grace is short.
-INFERENCE_SHUTDOWN = 8.0
+# (2026-11-24), then 8 of ~22 s in half of a lora_restart run's restarts (2026-11-26: its
+# engine core was gone 0.1 s after the SIGTERM, uvicorn "waiting for connections to close"
+# the rest). Inference holds nothing to save, so its grace is short.
+INFERENCE_SHUTDOWN = 3.0
 
 HEALTHY = Dependency(condition=Condition.HEALTHY)
 STARTED = Dependency(condition=Condition.STARTED)
