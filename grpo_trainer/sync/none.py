@@ -70,7 +70,9 @@ class FullWeightsSync(WeightSync):
         prune_served(self.context.checkpoint_dir, keep=path)
         done = time.perf_counter()
         phases = {"save": written - start, "load": done - written}
-        return SyncResult(done - start, step, phases, incarnation)
+        return SyncResult(
+            sync_time=done - start, policy_version=step, phases=phases, incarnation=incarnation
+        )
 
     def close(self) -> None:
         """Close the HTTP client (the link belongs to the trainer)."""
