@@ -149,7 +149,7 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
         return {"status": "success"}
 
     @app.get("/status")
-    async def status() -> dict[str, int]:
+    async def status() -> dict[str, Any]:
         return await service.status()
 
     @app.get("/status-env")

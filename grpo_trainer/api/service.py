@@ -228,10 +228,12 @@ class RolloutService:
             pushed is not None and life is not None and (not life.up or life.incarnation != pushed)
         )
 
-    async def status(self) -> dict[str, int]:
-        """Step, queued groups and sequences, leased batches (overdue leases expired first)."""
+    async def status(self) -> dict[str, Any]:
+        """Step, queued groups and sequences, leased batches (overdue leases expired first),
+        and whether the environments are held for the trainer's push to a restarted inference
+        (``inference_held``; ``served_incarnation``: the one it last pushed to)."""
 
-        def read() -> dict[str, int]:
+        def read() -> dict[str, Any]:
             store = self.store
             store.expire_leases()
             pending = store.pending()
@@ -240,6 +242,8 @@ class RolloutService:
                 "queue_size": len(pending),
                 "queue_sequences": sum(p.size for p in pending),
                 "leased_batches": store.leased_batches(),
+                "inference_held": self.inference_held(),
+                "served_incarnation": store.served_incarnation(),
             }
 
         return await self.runner.call(read)

@@ -8,6 +8,8 @@ can see, most telling first:
 - a server down or restarting (inference, the API) or one alive but not answering
   (its liveness probe failing);
 - environments failed, backing off or not answering;
+- the rollout API holding the environments until the trainer pushes its weights to the
+  inference incarnation up now (the trainer must re-attach after an inference restart);
 - the trainer itself restarting;
 - a weight sync that has not returned (the trainer's phase, ``grpo_trainer.train.phases``);
 - the API's queue short of a batch while environments drop every group as all-equal (a
@@ -26,6 +28,7 @@ import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import httpx
 
@@ -124,6 +127,27 @@ def error_causes(progress: Progress, last_warning: Callable[[str], str | None]) 
     return causes
 
 
+def hold_causes(
+    statuses: Mapping[str, ProcessStatus], api_status: Mapping[str, Any] | None
+) -> list[str]:
+    """The rollout API holding the environments (``/status``'s ``inference_held``): once
+    inference is up, the trainer has not pushed its weights to that incarnation."""
+    if not api_status or not api_status.get("inference_held"):
+        return []
+    pushed = api_status.get("served_incarnation")
+    up = [s for s in statuses.values() if s.role == "inference" and s.state == State.READY]
+    if not up:
+        return [
+            "the rollout API holds the environments until inference is up again and the "
+            f"trainer pushed its weights to it (it last pushed to incarnation {pushed})"
+        ]
+    return [
+        f"the rollout API holds the environments: inference incarnation {up[0].incarnation} "
+        f"is up and the trainer has not pushed its weights to it (it last pushed to "
+        f"incarnation {pushed}; it re-attaches by itself after a restart)"
+    ]
+
+
 def restart_causes(
     statuses: Mapping[str, ProcessStatus], trainer: str, progress: Progress, now: float
 ) -> list[str]:
@@ -208,11 +232,14 @@ class StallWatch:
         if progress.step is None or quiet < self.after or self.supervisor.closing:
             return
         statuses = self.supervisor.status()
+        api_status, unread = await self._api_status(http)
         causes = process_causes(statuses, trainer)
         causes += error_causes(progress, self._last_warning)
+        causes += hold_causes(statuses, api_status)
         causes += restart_causes(statuses, trainer, progress, now)
         if not causes:
-            causes = progress_causes(progress, now, await self._queued(http), self._need())
+            queued = str(api_status["queue_sequences"]) if api_status else f"? {unread}".strip()
+            causes = progress_causes(progress, now, queued, self._need())
         if tuple(causes) == self._reported or (
             self._reported and now - self._reported_at < self.after
         ):
@@ -227,15 +254,18 @@ class StallWatch:
         lines = self.supervisor.recent_lines(name)
         return next((line for line in reversed(lines) if WARNS.search(line)), None)
 
-    async def _queued(self, http: httpx.AsyncClient) -> str:
-        """The API's queued sequences (``/status``), or why it could not say."""
+    async def _api_status(self, http: httpx.AsyncClient) -> tuple[dict[str, Any] | None, str]:
+        """The API's ``/status`` (queue, hold), or None and why it could not say."""
         if self.api_url is None:
-            return "?"
+            return None, ""
         try:
             answer = await http.get(f"{self.api_url}/status", headers=self.headers)
-            return str(answer.json()["queue_sequences"])
-        except (httpx.HTTPError, ValueError, KeyError) as error:
-            return f"? ({type(error).__name__})"
+            found = answer.json()
+            if not isinstance(found, dict) or "queue_sequences" not in found:
+                raise ValueError(f"not a status: {str(found)[:80]}")
+            return found, ""
+        except (httpx.HTTPError, ValueError) as error:
+            return None, f"({type(error).__name__})"
 
     def _need(self) -> str:
         return str(self.step_sequences) if self.step_sequences else "?"

@@ -120,6 +120,8 @@ def test_plain_batch_advances_step_on_delivery_only(api: httpx.Client) -> None:
         "queue_size": 0,
         "queue_sequences": 0,
         "leased_batches": 0,
+        "inference_held": False,
+        "served_incarnation": None,
     }
 
 
@@ -147,6 +149,8 @@ def test_reregister_resumes_from_starting_step(api: httpx.Client) -> None:
         "queue_size": 1,
         "queue_sequences": 4,
         "leased_batches": 0,
+        "inference_held": False,
+        "served_incarnation": None,
     }
     answer = api.post("/register-env", json=env_registration("late")).json()
     assert answer["starting_step"] == 40

@@ -43,6 +43,8 @@ def test_environments_wait_from_inference_down_until_the_trainer_pushed_to_its_r
         assert (status()["inference_held"], status()["pause"]) == (True, True)
         write_notice(life, InferenceLife(incarnation=2, up=True))
         assert status()["inference_held"] is True, "up again, but not on the trainer's weights"
+        told = api.get("/status").json()  # what the supervisor's stall watchdog reads
+        assert (told["inference_held"], told["served_incarnation"]) == (True, 1)
         with server.client() as waiter, ThreadPoolExecutor(1) as pool:
             asked = time.monotonic()
             waiting = pool.submit(

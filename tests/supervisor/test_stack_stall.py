@@ -16,6 +16,7 @@ from grpo_tui.stack.stall import (
     Progress,
     StallWatch,
     error_causes,
+    hold_causes,
     process_causes,
     progress_causes,
     restart_causes,
@@ -26,8 +27,10 @@ from grpo_tui.supervisor.lifecycle import ProcessStatus
 SLEEPER = [sys.executable, "-c", "import time\nprint('up', flush=True)\ntime.sleep(600)"]
 
 
-def status(name: str, role: str, state: State, health: str | None = "ok", why: str = ""):
-    return ProcessStatus(name, role, state, 1, 0.0, 0, None, health, None, why, 1)
+def status(
+    name: str, role: str, state: State, health: str | None = "ok", why: str = "", nth: int = 1
+):
+    return ProcessStatus(name, role, state, 1, 0.0, 0, None, health, None, why, nth)
 
 
 def test_processes_name_servers_first_then_environments_then_the_trainer() -> None:
@@ -63,6 +66,26 @@ def test_processes_that_restarted_since_the_last_step_are_named() -> None:
         "env restarted 6 s ago, since the trainer's last step",
         "the trainer restarted 4 s ago and is training its first step",
     ]
+
+
+def test_the_rollout_apis_hold_is_named_with_the_incarnations() -> None:
+    """Round 3's hang (a trainer that never pushed to the incarnation up) was reported as
+    "the trainer restarted and is generating its first step" for five minutes: the API's
+    hold, which kept every environment waiting, is a cause of its own."""
+    statuses = {"inference": status("inference", "inference", State.READY, nth=3)}
+    held = {"queue_sequences": 0, "inference_held": True, "served_incarnation": 2}
+    assert hold_causes(statuses, held) == [
+        "the rollout API holds the environments: inference incarnation 3 is up and the "
+        "trainer has not pushed its weights to it (it last pushed to incarnation 2; it "
+        "re-attaches by itself after a restart)"
+    ]
+    statuses["inference"] = status("inference", "inference", State.BACKOFF, nth=3)
+    assert hold_causes(statuses, held) == [
+        "the rollout API holds the environments until inference is up again and the trainer "
+        "pushed its weights to it (it last pushed to incarnation 2)"
+    ]
+    assert hold_causes(statuses, {**held, "inference_held": False}) == []
+    assert hold_causes(statuses, None) == [], "an API that did not answer says nothing here"
 
 
 def test_environments_counting_errors_are_named_with_their_last_warning() -> None:
