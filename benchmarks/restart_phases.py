@@ -18,6 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
+USAGE = "usage: python benchmarks/restart_phases.py LABEL=RUN_DIR [LABEL=RUN_DIR ...]"
 AGE = re.compile(r"adopting its standby \(pid \d+, spawned ([\d.]+) s ago\)")
 
 
@@ -51,7 +52,7 @@ def cell(values: list[float]) -> str:
 
 def main(argv: list[str]) -> int:
     if not argv or any("=" not in a for a in argv):
-        print(__doc__.strip().splitlines()[2].strip(), file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     print(
         "| run | restarts | request -> stopped s | stopped -> ready s | request -> ready s "
