@@ -30,8 +30,8 @@ import resource
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -662,13 +662,20 @@ def loss_settings(config: TrainerConfig) -> LossSettings:
     )
 
 
-def install_signal_handlers(trainer: Trainer) -> None:
-    """SIGTERM and SIGINT finish the current step, checkpoint and exit 0."""
+@contextmanager
+def stop_on_signals(trainer: Trainer) -> Iterator[None]:
+    """While the trainer runs, SIGTERM and SIGINT finish the current step, checkpoint and
+    exit 0. The previous handlers come back after: a trainer run in-process (a test, a
+    notebook) must not leave its process deaf to SIGTERM and Ctrl-C."""
     import signal
 
     def handler(signum: int, frame: object) -> None:
         print(f"signal {signum}: finishing the current step, then saving", file=sys.stderr)
         trainer.request_stop()
 
-    signal.signal(signal.SIGTERM, handler)
-    signal.signal(signal.SIGINT, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

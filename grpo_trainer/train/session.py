@@ -16,7 +16,7 @@ from grpo_trainer.train.api_client import ApiClient, ApiRefused, ApiUnreachable,
 from grpo_trainer.train.config import EXIT_BAD_CONFIG, TrainerConfig
 from grpo_trainer.train.data import DataError
 from grpo_trainer.train.distributed import Dist, init_distributed, shutdown_distributed
-from grpo_trainer.train.loop import Trainer, install_signal_handlers
+from grpo_trainer.train.loop import Trainer, stop_on_signals
 from grpo_trainer.train.memory_fit import GpuDoesNotFit, footprint, startup_problem
 from grpo_trainer.train.policy import build_policy, reference_model
 from grpo_trainer.train.recording import StepRecorder, fast_decode
@@ -283,8 +283,8 @@ def _run(config: TrainerConfig, world: Dist) -> int:
                 trainer = _trainer(config, reporter, point)
         except (SyncError, GpuDoesNotFit) as exc:
             return _cannot_sync(reporter, exc)
-        install_signal_handlers(trainer)
-        step = trainer.run()
+        with stop_on_signals(trainer):
+            step = trainer.run()
         reporter.event("info", f"trainer stopped at step {step} of {config.training_steps}")
         return 0
     except (ApiUnreachable, ApiRefused, DataError, SyncLagExceeded, ValueError) as exc:
