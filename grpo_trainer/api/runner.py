@@ -52,7 +52,8 @@ class StoreRunner:
     async def wait_for_change(self, timeout: float) -> None:
         """Return at the next ``changed()`` or after ``timeout`` seconds."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._change.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._change.wait()
 
     async def add_groups(self, rows: list[Row]) -> None:
         """Queue ``rows``; returns once they are committed (sharing the commit with others)."""

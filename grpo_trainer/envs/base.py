@@ -185,7 +185,8 @@ class EnvRunner:
     async def _sleep(self, seconds: float) -> None:
         """Sleep that ends early when the runner is asked to stop."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stop.wait(), seconds)
+            async with asyncio.timeout(seconds):
+                await self._stop.wait()
 
     # ---- rollout API -----------------------------------------------------------------
 

@@ -135,7 +135,8 @@ async def _answer(
     since = time.monotonic()
     while True:
         try:
-            return await asyncio.wait_for(asyncio.shield(answer), SAY_EVERY)
+            async with asyncio.timeout(SAY_EVERY):
+                return await asyncio.shield(answer)
         except TimeoutError:
             pass
         if supervisor.status()[trainer].pid != pid:

@@ -163,7 +163,8 @@ class ControlServer:
         assert self.tcp is not None
         peer = writer.get_extra_info("peername")
         try:
-            first = await asyncio.wait_for(reader.readline(), HELLO_TIMEOUT)
+            async with asyncio.timeout(HELLO_TIMEOUT):
+                first = await reader.readline()
             hello = Hello.model_validate_json(first)
         except (TimeoutError, ValueError, ConnectionError, ValidationError):
             hello = None

@@ -235,7 +235,8 @@ class ProcessLife:
             )
             self.set_state(State.BACKOFF, reason=f"{reason}; restart in {delay:g} s")
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), delay)
+                async with asyncio.timeout(delay):
+                    await self.wake.wait()
             if not self.stop_requested and not self.hooks.closing():
                 self._refresh_spec()
 

@@ -69,4 +69,5 @@ class Lifeline:
             self._fd = None
         if self._watchdog is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._watchdog.wait(), CLOSE_TIMEOUT)
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await self._watchdog.wait()

@@ -92,9 +92,8 @@ async def _plain_http(probe: HttpProbe) -> tuple[bool, str]:
 
 async def _tcp(probe: TcpProbe) -> tuple[bool, str]:
     try:
-        _, writer = await asyncio.wait_for(
-            asyncio.open_connection(probe.host, probe.port), probe.timeout
-        )
+        async with asyncio.timeout(probe.timeout):
+            _, writer = await asyncio.open_connection(probe.host, probe.port)
     except TimeoutError:
         return False, f"timed out after {probe.timeout:g} s"
     except OSError as exc:
@@ -117,7 +116,8 @@ async def _exec(probe: ExecProbe) -> tuple[bool, str]:
     except OSError as exc:
         return False, f"cannot run {probe.command[0]}: {exc.strerror or exc}"
     try:
-        code = await asyncio.wait_for(proc.wait(), probe.timeout)
+        async with asyncio.timeout(probe.timeout):
+            code = await proc.wait()
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

@@ -256,7 +256,8 @@ class ChildProcess:
             steps = await asyncio.to_thread(end_steps, {self.spec.slurm_step})
         if self._pump is not None:
             try:
-                await asyncio.wait_for(asyncio.shield(self._pump), KILL_WAIT)
+                async with asyncio.timeout(KILL_WAIT):
+                    await asyncio.shield(self._pump)
             except TimeoutError:
                 self._pump.cancel()
         survivors: list[psutil.Process | str] = [*alive(leftovers), *steps]

@@ -31,7 +31,8 @@ async def grpo_tui_edit(run_dir: Path, *assignments: str) -> tuple[int, str, str
         sys.executable, "-m", "grpo_tui", "edit", str(run_dir), *assignments,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO,
     )  # fmt: skip
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
 
@@ -79,7 +80,8 @@ async def test_edit_over_the_control_socket(tmp_path: Path) -> None:
         assert [h["values"] for h in edits["history"]] == [edits["values"]]  # refusals: none
     finally:
         await supervisor.shutdown("test finished")
-        await asyncio.wait_for(run, 60)
+        async with asyncio.timeout(60):
+            await run
 
     state, _ = load_run(run_dir)  # what grpo-tui view shows
     lines = list(state.logs[SUPERVISOR_LOG].lines)

@@ -9,6 +9,10 @@ import pytest
 from e2e_stack import HeadlessCli
 from grpo_stack_run import Stack
 
+SHUTDOWN_WAIT = 120.0
+"""Seconds a stack may take to shut down at teardown (the trainer's last step and
+checkpoint included); longer is a hang, reported with each process's state."""
+
 
 @pytest.fixture
 def cli() -> Iterator[list[HeadlessCli]]:
@@ -24,7 +28,14 @@ async def stacks() -> AsyncIterator[list[Stack]]:
     """Stacks started by a test; any still running at teardown are shut down in order."""
     started: list[Stack] = []
     yield started
+    hung = []
     for stack in started:
-        if not stack.task.done():
-            await stack.supervisor.shutdown("test teardown")
-        await asyncio.gather(stack.task, return_exceptions=True)
+        try:
+            async with asyncio.timeout(SHUTDOWN_WAIT):
+                if not stack.task.done():
+                    await stack.supervisor.shutdown("test teardown")
+                await asyncio.gather(stack.task, return_exceptions=True)
+        except TimeoutError:
+            status = stack.supervisor.status().items()
+            hung.append({name: process.state.value for name, process in status})
+    assert not hung, f"a stack's shutdown took over {SHUTDOWN_WAIT} s: {hung}"

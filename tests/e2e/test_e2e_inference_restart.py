@@ -64,7 +64,8 @@ async def test_the_trainer_reattaches_to_a_restarted_server_without_restarting(
     killed = stack.supervisor.status()["inference"].pid
     assert killed is not None
     os.kill(killed, signal.SIGKILL)
-    outcome = await asyncio.wait_for(stack.task, 240)
+    async with asyncio.timeout(240):
+        outcome = await stack.task
     assert outcome.exit_code == 0, outcome
     assert tagged(run_id) == [], "processes of the run outlived it"
 

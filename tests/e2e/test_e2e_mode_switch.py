@@ -87,7 +87,8 @@ async def switches_to_the_end(
         await stack.until(lambda s=step: stack.latest_step() >= s, 180, f"step {step}")
         await stack.grpo.switch_mode(mode)
         ended_at.append(max(s for s, _ in trainer_steps(run_dir)))
-    outcome = await asyncio.wait_for(stack.task, 240)
+    async with asyncio.timeout(240):
+        outcome = await stack.task
     assert outcome.exit_code == 0, outcome
     assert tagged(run_id) == [], "processes of the run outlived it"
     print(f"mode switches after steps {ended_at}")

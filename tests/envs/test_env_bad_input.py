@@ -123,7 +123,8 @@ async def test_faults_are_counted_and_production_goes_on(
     await eventually(lambda: "wait for trainer to start" in caplog.text, 30, "a wait answer")
     trainer = Trainer(api, batch_size=4)
     trainer.register()
-    stats = await asyncio.wait_for(running, 60)
+    async with asyncio.timeout(60):
+        stats = await running
 
     assert stats.counts["groups_sent"] == 2
     assert stats.error_kinds == {"inference_error": 1, "bad_completion": 3, "scorer_raised": 1}
@@ -167,7 +168,8 @@ async def test_too_long_groups_are_dropped_and_counted(
         lambda: runner.stats.counts["groups_dropped_too_long"] >= 2, 30, "too-long drops"
     )
     runner.stop()
-    stats = await asyncio.wait_for(running, 30)
+    async with asyncio.timeout(30):
+        stats = await running
     assert stats.counts["groups_sent"] == 0 and stats.counts["errors"] == 0
     assert runner.max_token_len == 12
     assert trainer.status()["queue_size"] == 0
@@ -190,7 +192,8 @@ async def test_stop_while_waiting_for_the_trainer_returns_promptly(
     running = asyncio.create_task(runner.run())
     await eventually(lambda: "wait for trainer to start" in caplog.text, 30, "a wait answer")
     runner.stop()
-    stats = await asyncio.wait_for(running, 10)
+    async with asyncio.timeout(10):
+        stats = await running
     assert runner.env_id is None
     assert stats.counts["groups_sent"] == 0
     assert ScriptedInference.requests == 0

@@ -188,10 +188,12 @@ async def test_status_returned_with_a_post_saves_the_next_status_request(
             while counting.paths.count("/status-env") < 2:
                 await asyncio.sleep(0.01)
 
-        await asyncio.wait_for(asked_again(), 30)
+        async with asyncio.timeout(30):
+            await asked_again()
         assert not waiting.done()  # the full queue was asked about, not assumed
         assert len(trainer.take()) == 2
-        assert await asyncio.wait_for(waiting, 30) == (1, model)
+        async with asyncio.timeout(30):
+            assert await waiting == (1, model)
     finally:
         runner.stop()
         await runner.api.aclose()

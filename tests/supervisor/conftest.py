@@ -18,6 +18,9 @@ from grpo_tui.supervisor.spec import ProcessSpec
 from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
 
 CHILDREN = Path(__file__).with_name("children")
+SHUTDOWN_WAIT = 60.0
+"""Seconds a test's supervisor may take to shut down (every stop is bounded by its grace
+and the SIGKILL after it; a minute is a hang, not a slow child)."""
 
 
 def child(script: str, *args: object) -> list[str]:
@@ -71,7 +74,8 @@ class Harness:
                 raise AssertionError(f"no matching event within {timeout} s: {self.events[-5:]}")
             self._arrived.clear()
             try:
-                await asyncio.wait_for(self._arrived.wait(), min(left, 0.5))
+                async with asyncio.timeout(min(left, 0.5)):
+                    await self._arrived.wait()
             except TimeoutError:
                 continue
 
@@ -87,11 +91,20 @@ class Harness:
         return [e for e in self.events if isinstance(e, StateChanged) and e.process == process]
 
     async def close(self) -> None:
-        if not self.run_task.done():
-            await self.sup.shutdown("test finished")
-        await asyncio.wait_for(self.run_task, 60)
-        self._subscription.close()
-        await self._collector
+        """Ordered shutdown, bounded: one that hangs fails the test with each process's
+        state, not the whole run (``SHUTDOWN_WAIT``)."""
+        try:
+            async with asyncio.timeout(SHUTDOWN_WAIT):
+                if not self.run_task.done():
+                    await self.sup.shutdown("test finished")
+                await self.run_task
+        except TimeoutError:
+            states = {name: status.state.value for name, status in self.sup.status().items()}
+            raise AssertionError(f"shutdown took over {SHUTDOWN_WAIT} s: {states}") from None
+        finally:
+            self._subscription.close()
+        async with asyncio.timeout(SHUTDOWN_WAIT):
+            await self._collector
 
 
 @pytest.fixture
@@ -104,5 +117,10 @@ async def supervise(tmp_path: Path) -> AsyncIterator[Callable[..., Harness]]:
         return harness
 
     yield make
+    hung = []
     for harness in made:
-        await harness.close()
+        try:
+            await harness.close()
+        except AssertionError as exc:
+            hung.append(str(exc))
+    assert not hung, hung

@@ -115,7 +115,8 @@ async def test_trainer_may_restart_inference_while_it_stops_for_a_switch(supervi
 
     h = supervise([build("inference", {}), build("trainer", {})], respec=build)
     await h.state("trainer", State.READY)
-    await asyncio.wait_for(GrpoStack(h.sup).switch_mode("lora_restart"), 20)
+    async with asyncio.timeout(20):
+        await GrpoStack(h.sup).switch_mode("lora_restart")
     replies = [x for x in h.sup.recent_lines("trainer") if x.startswith("reply ")]
     assert json.loads(replies[0].removeprefix("reply "))["ok"]
     assert h.sup.status()["trainer"].state == State.READY

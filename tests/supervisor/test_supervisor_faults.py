@@ -78,7 +78,8 @@ async def test_a_needed_process_failing_for_good_ends_the_run_naming_its_error(
     cleanly: its checkpoint) with exit 1 within 5 s, and the reason and the event carry
     the feeder's real error, not only "exited with code 1"."""
     h = supervise(needy(), exit_with="worker")
-    outcome = await asyncio.wait_for(h.run_task, 30)
+    async with asyncio.timeout(30):
+        outcome = await h.run_task
     ended = time.time()
 
     failed = [e for e in h.events if isinstance(e, StateChanged) and e.new == State.FAILED]

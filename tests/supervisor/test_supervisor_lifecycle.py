@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import random
@@ -9,10 +10,12 @@ import signal
 import sys
 import time
 
+import httpx
 import psutil
 import pytest
 from conftest import alive, child, free_port, spec
 
+from grpo_tui.supervisor import probes
 from grpo_tui.supervisor.events import ProbeResult, Restarting, State, StateChanged
 from grpo_tui.supervisor.spec import HttpProbe, RestartPolicy, Shutdown, TcpProbe
 from grpo_tui.supervisor.supervisor import ProcessFailed
@@ -242,6 +245,27 @@ async def test_a_restart_whose_process_dies_before_ready_fails_not_the_crash_res
     assert status.state == State.READY and status.restarts == 1  # the refreshed spec serves
     assert "listener.py" in " ".join(h.sup.spec("server").command)
     await h.sup.restart("server", args={"crash": False})  # ready as asked: no failure
+
+
+async def test_a_readiness_wait_cancelled_as_its_connect_fails_ends(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The restart above once hung here for good (CI, 2026-11-26): its process died, the
+    cancel of the readiness probe came as a connect to the dead port failed, and
+    ``asyncio.wait_for`` (Python 3.11) returned the failure instead, so the probe went on
+    and the life waited for it forever. Here the cancel comes at that moment every time."""
+    waiting: list[asyncio.Task[None]] = []
+
+    async def refused(host: str, port: int) -> None:
+        asyncio.get_running_loop().call_soon(waiting[0].cancel)  # before the prober resumes
+        raise ConnectionRefusedError(111, f"Connect call failed ('{host}', {port})")
+
+    monkeypatch.setattr(asyncio, "open_connection", refused)
+    client: asyncio.Future[httpx.AsyncClient] = asyncio.get_running_loop().create_future()
+    probe = TcpProbe(port=free_port(), period=0.05)
+    waiting.append(asyncio.create_task(probes.wait_ready(probe, client, lambda *_: None, None)))
+    done, _ = await asyncio.wait(waiting, timeout=5)
+    assert done and waiting[0].cancelled(), "the probe went on after its cancel"
 
 
 async def test_exit_with_completion_ends_the_run_in_order(supervise) -> None:

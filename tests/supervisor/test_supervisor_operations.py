@@ -33,7 +33,8 @@ async def test_restart_in_flight_when_shutdown_begins_is_refused(supervise) -> N
     await h.sup.shutdown("test")
     await h.run_task
     with pytest.raises(ShuttingDown, match="shutting down"):
-        await asyncio.wait_for(restart, 10)
+        async with asyncio.timeout(10):
+            await restart
     spawns = [e for e in h.changes("inference") if e.new == State.STARTING]
     assert len(spawns) == 1, "inference was started again after shutdown began"
     assert h.sup.status()["inference"].state == State.STOPPED
@@ -61,7 +62,8 @@ async def test_control_restart_during_shutdown_replies_not_ok(supervise) -> None
     h = supervise([inference, trainer])
     await h.state("trainer", State.READY)
     await h.sup.shutdown("test")
-    await asyncio.wait_for(h.run_task, 30)
+    async with asyncio.timeout(30):
+        await h.run_task
     line = next(x for x in h.sup.recent_lines("trainer") if x.startswith("reply "))
     reply = json.loads(line.removeprefix("reply "))
     assert not reply["ok"] and "shutting down" in reply["error"]
@@ -85,7 +87,8 @@ async def test_concurrent_restarts_are_serialised(supervise) -> None:
     await h.state("worker", State.READY)
     for _ in range(3):
         restarts = [h.sup.restart("worker") for _ in range(3)]
-        await asyncio.wait_for(asyncio.gather(*restarts), 30)
+        async with asyncio.timeout(30):
+            await asyncio.gather(*restarts)
         assert h.sup.status()["worker"].state == State.READY
     assert not [e for e in h.events if isinstance(e, Restarting)], "a fresh child was killed"
     status = h.sup.status()["worker"]
@@ -97,12 +100,16 @@ async def test_concurrent_restarts_are_serialised(supervise) -> None:
 async def test_stop_then_restart_and_restart_then_stop_end_as_asked(supervise) -> None:
     h = supervise([worker()])
     await h.state("worker", State.READY)
-    await asyncio.wait_for(asyncio.gather(h.sup.stop("worker"), h.sup.restart("worker")), 30)
+    async with asyncio.timeout(30):
+        await asyncio.gather(h.sup.stop("worker"), h.sup.restart("worker"))
     assert h.sup.status()["worker"].state == State.READY
     restart = asyncio.create_task(h.sup.restart("worker"))
-    await asyncio.wait_for(h.sup.stop("worker"), 30)
+    stop = asyncio.create_task(h.sup.stop("worker"))  # a task: it runs after the restart's
+    async with asyncio.timeout(30):
+        await stop
     try:  # the restart may finish before the stop takes the process, or be cut short by it
-        await asyncio.wait_for(restart, 30)
+        async with asyncio.timeout(30):
+            await restart
     except ProcessFailed as error:
         assert "stopped" in str(error)
     status = h.sup.status()["worker"]
@@ -150,7 +157,8 @@ async def test_crash_restart_keeps_the_last_spec_when_respec_raises(supervise) -
         raise ValueError("no adapter yet")
 
     h = supervise([versioned("v1", crash=True)], respec=respec, exit_with="server")
-    outcome = await asyncio.wait_for(h.run_task, 30)
+    async with asyncio.timeout(30):
+        outcome = await h.run_task
     assert outcome.exit_code == 1 and "gave up after 1 restarts" in outcome.reason
     assert h.sup.recent_lines("server") == ["v1", "v1"]
     notices = [e.message for e in h.events if isinstance(e, Notice) and "respec" in e.message]

@@ -119,7 +119,8 @@ async def test_trainer_stops_checkpoints_and_exits_0_on_the_refusal(
         start_new_session=True,
     )
     try:
-        _out, err = await asyncio.wait_for(proc.communicate(), 120)
+        async with asyncio.timeout(120):
+            _out, err = await proc.communicate()
     finally:
         if proc.returncode is None:
             with contextlib.suppress(ProcessLookupError):
