@@ -331,28 +331,32 @@ def violations(run: FaultRun, contract: Contract) -> list[str]:
     return found
 
 
-SEEN_WITHIN = 1.0
-"""Seconds from a SIGKILL to the supervisor's restart of the process: seen on its pid."""
+SEEN_WITHIN = 5.0
+"""Seconds from a SIGKILL to the supervisor's restart of the process: a bound that tells an
+exit seen on the leader's pid from a death found by liveness probes (20 s and more), not a
+speed. The speed is a benchmark's (``benchmarks/faults_gpu.py --cpu``: 0.1 s); under a
+loaded 2-core CI it once took 1.15 s."""
 
 
 def _unseen_kills(run: FaultRun) -> list[str]:
-    """Each killed process was restarted, and its death seen within ``SEEN_WITHIN`` s."""
+    """Each killed process was restarted, its death seen on its exit (the restart's reason
+    is the kill, not a liveness probe) within ``SEEN_WITHIN`` s."""
     found = []
     for kill in run.injected:
         if kill.fault.target == "supervisor":
             continue
         restarts = [
-            float(e["t"])
+            (float(e["t"]), e["reason"])
             for e in events(kill.run_dir, "Restarting")
             if e["process"] == kill.fault.target and float(e["t"]) >= kill.t
         ]
+        what = f"{kill.fault.target} (pid {kill.pid}) killed"
         if not restarts:
-            found.append(f"{kill.fault.target} (pid {kill.pid}) killed, never restarted")
-        elif restarts[0] - kill.t > SEEN_WITHIN:
-            found.append(
-                f"{kill.fault.target} (pid {kill.pid}) killed, its death seen "
-                f"{restarts[0] - kill.t:.2f} s later"
-            )
+            found.append(f"{what}, never restarted")
+            continue
+        t, reason = restarts[0]
+        if reason != "killed by SIGKILL" or t - kill.t > SEEN_WITHIN:
+            found.append(f"{what}, restarted {t - kill.t:.2f} s later for {reason!r}")
     return found
 
 

@@ -6,11 +6,12 @@ inference, the API and the environment (each at least once); in one mode one of 
 the supervisor's own (``grpo-tui run``: its watchdog must end the run, which is then
 started again from its last checkpoint). The seed is printed; ``GRPO_FAULT_SEED=<seed>``
 replays it. Checked (``fault_injection.violations``): exit 0 with every step, each death
-seen within a second, each trainer resumed from the newest checkpoint on disk, nothing
-acknowledged lost and no batch trained twice, no process left behind, no step beyond the
-lag bound, every stall over the watchdog's threshold reported with a cause, no trainer
-restart but for the trainer's own kills (it re-attaches to a restarted server). It replaces
-the single trainer kill of ``test_e2e_trainer_kill.py`` (its checks are among these).
+seen on its exit (not by a liveness probe), each trainer resumed from the newest checkpoint
+on disk, nothing acknowledged lost and no batch trained twice, no process left behind, no
+step beyond the lag bound, every stall over the watchdog's threshold reported with a
+cause, no trainer restart but for the trainer's own kills (it re-attaches to a restarted
+server). It replaces the single trainer kill of ``test_e2e_trainer_kill.py`` (its checks
+are among these).
 """
 
 from __future__ import annotations
