@@ -123,6 +123,12 @@ class ProcessLife:
         """Its life task has not ended (waiting, running or in backoff)."""
         return self.task is not None and not self.task.done()
 
+    @property
+    def ending(self) -> bool:
+        """Its life is over (failed for good or completed) and its task only tidies up
+        (stops its standby): a start must wait for that, not take it for a live one."""
+        return self.active and (self.gave_up or self.state == State.COMPLETED)
+
     def status(self) -> ProcessStatus:
         child = self.child
         return ProcessStatus(

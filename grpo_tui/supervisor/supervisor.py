@@ -377,6 +377,8 @@ class Supervisor:
         """``start`` with the process's lock held."""
         self.refuse_if_closing(life.name)
         await self._open()
+        if life.ending and life.task is not None:
+            await asyncio.shield(life.task)  # bounded: its standby's stop
         if not life.active:
             life.launch()
 

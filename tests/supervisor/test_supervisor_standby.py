@@ -191,6 +191,28 @@ def test_a_program_that_is_no_standby_refuses_a_command() -> None:
     assert "no standby" in handed.stderr
 
 
+async def test_a_start_as_a_process_fails_for_good_starts_it_once_its_standby_is_gone(
+    supervise,
+) -> None:
+    """A start asked right after a failure for good (a key pressed as the failure shows)
+    starts the process again: it was taken for a live one while its life stopped the
+    standby, and did nothing (CI, 2026-11-27: a need never regained). The standby here
+    takes 2 s to stop, so the start comes while it does, every time."""
+    slow = server("a", restart={"policy": "no"}, env={"TERM_DELAY": "2"})
+    h = supervise([slow, spec("other", child("standby.py"))])
+    await h.state("server", State.READY)
+    await standby_pid(h)
+    os.kill(h.sup.status()["server"].pid, 9)
+    failed = await h.state("server", State.FAILED)
+    assert h.sup._life("server").active, "the life still stops its standby"
+    await h.sup.start("server")
+    again = await h.until(
+        lambda e: isinstance(e, StateChanged) and e.process == "server" and e.t > failed.t
+        and e.new == State.READY
+    )  # fmt: skip
+    assert again.pid != failed.pid
+
+
 async def test_a_process_that_fails_for_good_takes_its_standby_along(supervise) -> None:
     """Another process keeps the run going: the standby goes with the failure itself."""
     h = supervise([server("a", restart={"policy": "no"}), spec("other", child("standby.py"))])
