@@ -19,7 +19,8 @@ from pydantic import ValidationError
 
 from grpo_trainer.api.settings import TOKEN_ENV
 from grpo_trainer.control import SupervisorLink
-from grpo_trainer.envs.base import Connection, EnvRunner, FatalEnvError
+from grpo_trainer.envs.base import Connection, EnvRunner
+from grpo_trainer.envs.rollout_api import FatalEnvError
 from grpo_trainer.envs.settings import BUILTIN_TASKS, EnvSettings
 from grpo_trainer.envs.stats import Reporter
 from grpo_trainer.envs.task import Task

@@ -171,7 +171,7 @@ async def test_too_long_groups_are_dropped_and_counted(
     async with asyncio.timeout(30):
         stats = await running
     assert stats.counts["groups_sent"] == 0 and stats.counts["errors"] == 0
-    assert runner.max_token_len == 12
+    assert runner.api.max_token_len == 12
     assert trainer.status()["queue_size"] == 0
     trainer.close()
 
@@ -194,6 +194,6 @@ async def test_stop_while_waiting_for_the_trainer_returns_promptly(
     runner.stop()
     async with asyncio.timeout(10):
         stats = await running
-    assert runner.env_id is None
+    assert runner.api.env_id is None
     assert stats.counts["groups_sent"] == 0
     assert ScriptedInference.requests == 0

@@ -170,19 +170,20 @@ async def test_status_returned_with_a_post_saves_the_next_status_request(
         FastTokenizer.from_dir(tiny_model),
     )  # fmt: skip
     counting = CountingTransport()
-    runner.api = httpx.AsyncClient(base_url=api, transport=counting, timeout=10.0)
+    await runner.api.http.aclose()
+    runner.api.http = httpx.AsyncClient(base_url=api, transport=counting, timeout=10.0)
     samples = [Sample([7, 8], [-0.5, -0.25], "stop"), Sample([9], [-1.5], "stop")]
     group = build_group([1, 2, 3], samples, [1, 0], temperature=1.0, policy_version=0)
     try:
-        assert await runner.register() is not None
+        assert await runner.api.register() is not None
         model = runner.settings.model_name  # no served name reported: the env's own
-        assert await runner._wait_for_room() == (0, model)
-        assert await runner._post(group)  # half a batch queued: room left
-        assert await runner._wait_for_room() == (0, model)
+        assert await runner.room.wait() == (0, model)
+        assert await runner.room.post(group)  # half a batch queued: room left
+        assert await runner.room.wait() == (0, model)
         assert counting.paths.count("/status-env") == 1
-        assert await runner._post(group)  # one whole batch queued: the bound
-        runner.status_poll = 0.05
-        waiting = asyncio.create_task(runner._wait_for_room())
+        assert await runner.room.post(group)  # one whole batch queued: the bound
+        runner.room.poll = 0.05
+        waiting = asyncio.create_task(runner.room.wait())
 
         async def asked_again() -> None:
             while counting.paths.count("/status-env") < 2:
@@ -196,8 +197,7 @@ async def test_status_returned_with_a_post_saves_the_next_status_request(
             assert await waiting == (1, model)
     finally:
         runner.stop()
-        await runner.api.aclose()
-        await runner.inference.aclose()
+        await runner.aclose()
         trainer.close()
 
 

@@ -153,13 +153,12 @@ async def test_back_pressure_rule_for_our_api_and_for_atropos(tiny_model: Path) 
         RepeatDigit(), settings, Connection("http://127.0.0.1:9", "http://127.0.0.1:9"),
         FastTokenizer.from_dir(tiny_model),
     )  # fmt: skip
-    runner.batch_size = 64
-    assert runner._queue_full({"pause": True, "queue_size": 0})
-    assert not runner._queue_full({"pause": False, "queue_size": 1000})
-    assert not runner._queue_full({"queue_size": 23})  # Atropos: 23 * 8 < 3 * 64
-    assert runner._queue_full({"queue_size": 24})
-    await runner.api.aclose()
-    await runner.inference.aclose()
+    runner.api.batch_size = 64
+    assert runner.room.queue_full({"pause": True, "queue_size": 0})
+    assert not runner.room.queue_full({"pause": False, "queue_size": 1000})
+    assert not runner.room.queue_full({"queue_size": 23})  # Atropos: 23 * 8 < 3 * 64
+    assert runner.room.queue_full({"queue_size": 24})
+    await runner.aclose()
 
 
 @pytest.mark.parametrize(
@@ -198,14 +197,13 @@ async def test_a_temperature_edit_reaches_the_next_group(
         RepeatDigit(), EnvSettings(group_size=2, temperature=1.0),
         Connection("http://127.0.0.1:9", "http://127.0.0.1:9"), FastTokenizer.from_dir(tiny_model),
     )  # fmt: skip
-    runner._take_edits()
-    assert runner._sampling(2).temperature == 1.0
+    runner.sampling.take_edits()
+    assert runner.sampling.request(2).temperature == 1.0
     record_edit(tmp_path, {"temperature": 0.7, "lr": 1e-4})  # lr: the trainer's, not ours
-    runner._take_edits()
-    assert runner._sampling(2).temperature == 0.7
+    runner.sampling.take_edits()
+    assert runner.sampling.request(2).temperature == 0.7
     assert runner.settings.temperature == 0.7
-    await runner.api.aclose()
-    await runner.inference.aclose()
+    await runner.aclose()
 
 
 @pytest.mark.parametrize("copies", [False, True])
