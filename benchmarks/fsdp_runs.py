@@ -31,7 +31,7 @@ import gpu_modes as gm
 import psutil
 import tomli_w
 
-from grpo_trainer.train.resume import list_checkpoints
+from grpo_trainer.weight_dirs.layout import list_checkpoints
 
 RESUMED = re.compile(r"resuming from (\S+) at step (\d+)")
 

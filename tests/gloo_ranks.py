@@ -6,7 +6,7 @@ import os
 
 import torch
 
-from grpo_trainer.train.distributed import Dist, init_distributed
+from grpo_trainer.ranks.group import Dist, init_distributed
 
 
 def join(rank: int, port: int, world_size: int = 2) -> Dist:

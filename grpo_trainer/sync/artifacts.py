@@ -14,7 +14,7 @@ from pathlib import Path
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from grpo_trainer.train.checkpoint import save_weights
+from grpo_trainer.weight_dirs.full_weights import save_weights
 
 SERVED = "served"
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from grpo_trainer.ranks.group import Dist
 from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.restart import SupervisorStopping
-from grpo_trainer.train.distributed import Dist
 
 T = TypeVar("T")
 

@@ -33,6 +33,7 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from grpo_trainer.ranks.group import Dist
 from grpo_trainer.serve.buckets import RPC_CHECK, RPC_LOAD, BucketPayload, encode_payloads
 from grpo_trainer.sync.base import SyncContext, SyncResult, WeightSync
 from grpo_trainer.sync.buckets import (
@@ -44,7 +45,6 @@ from grpo_trainer.sync.buckets import (
 from grpo_trainer.sync.client import InferenceClient, SyncError, base_model_name
 from grpo_trainer.sync.collective import on_main
 from grpo_trainer.sync.colocate import SleepControl, release_cached_memory
-from grpo_trainer.train.distributed import Dist
 
 T = TypeVar("T")
 

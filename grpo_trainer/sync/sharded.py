@@ -9,7 +9,7 @@ the sharded weights together and agree on the outcome:
   rank 0 broadcasts it to vLLM over NCCL before the next is gathered: never a whole
   extra model on a GPU.
 - ``none`` / ``lora_only`` / ``lora_restart``: the ranks gather the full state dict into
-  rank 0's CPU mirror (``train/consolidate.py``), which the mode's strategy saves and
+  rank 0's CPU mirror (``ranks/mirror.py``), which the mode's strategy saves and
   serves as in a single-process run (checkpoint + restart, adapter hot-swap/restart).
 
 Rank 0's outcome (result, failure, or the supervisor's refusal while stopping) is
@@ -26,12 +26,12 @@ import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
+from grpo_trainer.ranks.group import Dist
+from grpo_trainer.ranks.mirror import Consolidator
 from grpo_trainer.sync.base import SyncContext, SyncResult, WeightSync
 from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.collective import on_main
 from grpo_trainer.sync.vllm_shared import VllmSharedSync
-from grpo_trainer.train.consolidate import Consolidator
-from grpo_trainer.train.distributed import Dist
 
 T = TypeVar("T")
 

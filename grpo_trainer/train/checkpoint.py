@@ -1,14 +1,13 @@
-"""Writing and reading checkpoints: atomic, complete, prunable (layout in ``resume.py``).
+"""Writing and reading the trainer's checkpoints: atomic, complete, prunable.
 
-Every directory is written under a temporary name in the same folder and renamed into place
-once ``trainer_state.json`` (the completion mark) is in it, so a kill mid-save leaves at
-worst a ``.tmp-*`` folder that nothing reads.
+Their layout is ``grpo_trainer/weight_dirs/layout.py``; every directory is written the way
+``grpo_trainer/weight_dirs/full_weights.py`` writes one (renamed into place once
+``trainer_state.json``, the completion mark, is in it).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import shutil
 from pathlib import Path
@@ -18,7 +17,8 @@ import torch
 from torch import nn
 from transformers import PreTrainedTokenizerBase
 
-from grpo_trainer.train.resume import (
+from grpo_trainer.weight_dirs.full_weights import is_peft, write_atomically, write_full
+from grpo_trainer.weight_dirs.layout import (
     SHARDED_DIR,
     STATE_FILE,
     CheckpointKind,
@@ -28,82 +28,6 @@ from grpo_trainer.train.resume import (
 
 OPTIMIZER_FILE = "optimizer.pt"
 """Optimizer, scheduler and RNG states (torch.save)."""
-
-
-def is_peft(model: nn.Module) -> bool:
-    """True for a peft-wrapped model (LoRA)."""
-    return hasattr(model, "peft_config")
-
-
-def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Full weights with the LoRA deltas added, without touching the live model.
-
-    Merging in place and unmerging would perturb the base weights in low precision (and so
-    break exact resume); this computes ``W + delta`` into new tensors instead.
-    """
-    from peft.tuners.lora import LoraLayer
-
-    base = model.get_base_model()
-    merged: dict[str, torch.Tensor] = {}
-    for name, module in base.named_modules():
-        if isinstance(module, LoraLayer):
-            weight = module.get_base_layer().weight.detach().clone()
-            for adapter in module.active_adapters:
-                if adapter in module.lora_A:
-                    weight += module.get_delta_weight(adapter).detach().to(weight.dtype)
-            merged[f"{name}.weight"] = weight
-    state = {}
-    for key, value in base.state_dict().items():
-        if ".lora_" in key:
-            continue
-        clean = key.replace(".base_layer.", ".")
-        state[clean] = merged.get(clean, value)
-    return state
-
-
-def _write_atomically(target: Path, write: Any) -> Path:
-    """Run ``write(tmp_dir)``, then rename ``tmp_dir`` to ``target`` (replacing it)."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.parent / f".tmp-{target.name}-{os.getpid()}"
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    write(tmp)
-    old = target.parent / f".old-{target.name}-{os.getpid()}"
-    if target.exists():
-        target.rename(old)
-    tmp.rename(target)
-    if old.exists():
-        shutil.rmtree(old)
-    return target
-
-
-def _save_full(
-    model: nn.Module, tokenizer: PreTrainedTokenizerBase | None, directory: Path
-) -> None:
-    if is_peft(model):
-        base = model.get_base_model()
-        base.save_pretrained(directory, state_dict=merged_state_dict(model))
-    else:
-        model.save_pretrained(directory)
-    if tokenizer is not None:
-        tokenizer.save_pretrained(directory)
-
-
-def save_weights(
-    model: nn.Module, tokenizer: PreTrainedTokenizerBase | None, directory: str | Path
-) -> Path:
-    """Write loadable full weights (LoRA merged) + tokenizer to ``directory``, atomically.
-
-    What the ``none`` weight-sync strategy hands to a restarted inference server.
-    """
-    target = Path(directory)
-
-    def write(tmp: Path) -> None:
-        _save_full(model, tokenizer, tmp)
-        (tmp / STATE_FILE).write_text(json.dumps({"kind": "merged", "base": None}))
-
-    return _write_atomically(target, write)
 
 
 def rng_state() -> dict[str, Any]:
@@ -158,7 +82,7 @@ def save_checkpoint(
             if tokenizer is not None:
                 tokenizer.save_pretrained(tmp)
         else:
-            _save_full(model, tokenizer, tmp)
+            write_full(model, tokenizer, tmp)
         if sharded_state is not None:
             sharded_state.rename(tmp / SHARDED_DIR)
         elif optimizer is not None:
@@ -166,15 +90,15 @@ def save_checkpoint(
             torch.save({**state, "rng": rng_state()}, tmp / OPTIMIZER_FILE)
         (tmp / STATE_FILE).write_text(json.dumps(meta, indent=1))
 
-    written = [_write_atomically(root / checkpoint_name(step, adapter=lora), write_main)]
+    written = [write_atomically(root / checkpoint_name(step, adapter=lora), write_main)]
     if lora:
         merged_meta = {"step": step, "kind": "merged", "base": None, "config": config}
 
         def write_merged(tmp: Path) -> None:
-            _save_full(model, tokenizer, tmp)
+            write_full(model, tokenizer, tmp)
             (tmp / STATE_FILE).write_text(json.dumps(merged_meta, indent=1))
 
-        written.append(_write_atomically(root / checkpoint_name(step, adapter=False), write_merged))
+        written.append(write_atomically(root / checkpoint_name(step, adapter=False), write_merged))
     return written
 
 

@@ -28,10 +28,10 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from transformers import PreTrainedTokenizerBase
 
+from grpo_trainer.ranks.group import Dist
+from grpo_trainer.ranks.mirror import Consolidator
 from grpo_trainer.train.checkpoint import rng_state, save_checkpoint, set_rng_state
-from grpo_trainer.train.consolidate import Consolidator
-from grpo_trainer.train.distributed import Dist
-from grpo_trainer.train.resume import SHARDED_DIR
+from grpo_trainer.weight_dirs.layout import SHARDED_DIR
 
 
 def has_sharded_state(checkpoint: str | Path) -> bool:

@@ -28,7 +28,7 @@ from torch.distributed.fsdp import (
 )
 
 from grpo_trainer.models import DTYPES
-from grpo_trainer.train.distributed import Dist
+from grpo_trainer.ranks.group import Dist
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:

@@ -19,7 +19,7 @@ SIGTERM / SIGINT ask for a graceful stop: the current step finishes, a checkpoin
 written, and ``run`` returns normally. So does a sync that the supervisor refuses because
 it is shutting down.
 
-Under torchrun (``distributed.py``) rank 0 leases each batch and broadcasts it, every rank
+Under torchrun (``ranks/group.py``) rank 0 leases each batch and broadcasts it, every rank
 trains its share of the sequences, metrics are reduced over ranks and only rank 0 reports
 them, and a stop on any rank stops every rank after the same step.
 """
@@ -41,6 +41,8 @@ from torch.distributed.tensor import DTensor
 from transformers import PreTrainedTokenizerBase
 
 from grpo_trainer.live_edits import EditWatcher
+from grpo_trainer.ranks.group import Dist, rank_slice
+from grpo_trainer.ranks.mirror import Consolidator
 from grpo_trainer.records.timeline import SYNC_PHASES
 from grpo_trainer.sync.base import WeightSync
 from grpo_trainer.train.api_client import LeasedBatch
@@ -51,7 +53,6 @@ from grpo_trainer.train.checkpoint import (
     set_rng_state,
 )
 from grpo_trainer.train.config import TrainerConfig
-from grpo_trainer.train.consolidate import Consolidator
 from grpo_trainer.train.data import (
     DataError,
     MicroBatch,
@@ -60,7 +61,6 @@ from grpo_trainer.train.data import (
     parse_groups,
 )
 from grpo_trainer.train.dcp import has_sharded_state, load_sharded_state, save_sharded_checkpoint
-from grpo_trainer.train.distributed import Dist, rank_slice
 from grpo_trainer.train.logprobs import chunked_token_logprobs
 from grpo_trainer.train.loss import LossOutput, LossSettings, k3_kl, policy_loss
 from grpo_trainer.train.optim import build_optimizer, lr_factor

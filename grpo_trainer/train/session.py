@@ -10,12 +10,12 @@ from transformers import PreTrainedTokenizerBase
 
 from grpo_trainer.api.settings import TOKEN_ENV
 from grpo_trainer.models import load_tokenizer
+from grpo_trainer.ranks.group import Dist, init_distributed, shutdown_distributed
 from grpo_trainer.sync.base import SyncContext, WeightSync
 from grpo_trainer.sync.client import InferenceClient, SyncError
 from grpo_trainer.train.api_client import ApiClient, ApiRefused, ApiUnreachable, Registration
 from grpo_trainer.train.config import EXIT_BAD_CONFIG, TrainerConfig
 from grpo_trainer.train.data import DataError
-from grpo_trainer.train.distributed import Dist, init_distributed, shutdown_distributed
 from grpo_trainer.train.loop import Trainer, stop_on_signals
 from grpo_trainer.train.memory_fit import GpuDoesNotFit, footprint, startup_problem
 from grpo_trainer.train.policy import build_policy, reference_model
@@ -171,8 +171,8 @@ def _sharded_trainer(
     every rank holds a shard and takes part in each collective.
     """
     from grpo_trainer.models import DTYPES
+    from grpo_trainer.ranks.mirror import Consolidator
     from grpo_trainer.sync.sharded import ShardedSync
-    from grpo_trainer.train.consolidate import Consolidator
     from grpo_trainer.train.fsdp import shard_model
 
     on_cpu = config.model_copy(

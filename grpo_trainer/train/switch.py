@@ -33,7 +33,7 @@ from grpo_trainer.sync.registry import make_strategy
 from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.optim import build_optimizer
 from grpo_trainer.train.policy import add_fresh_adapter, reference_model
-from grpo_trainer.train.resume import checkpoint_name
+from grpo_trainer.weight_dirs.layout import checkpoint_name
 
 if TYPE_CHECKING:
     from grpo_trainer.train.loop import Trainer

@@ -22,7 +22,8 @@ from grpo_trainer.api.settings import ApiSettings
 from grpo_trainer.live_edits import EDITABLE, unknown_keys
 from grpo_trainer.serve.settings import LORA_MODES, InferenceSettings, Mode
 from grpo_trainer.train.config import TrainerConfig
-from grpo_trainer.train.resume import read_checkpoint, resolve_resume
+from grpo_trainer.train.resume import resolve_resume
+from grpo_trainer.weight_dirs.layout import read_checkpoint
 from grpo_tui.plan.settings import TRAINER_WIRED, RoleSettings, require, trainer_config
 
 MODES: tuple[str, ...] = get_args(Mode)

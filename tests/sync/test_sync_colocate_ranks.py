@@ -26,6 +26,8 @@ from gloo_ranks import join
 from sync_helpers import ModeServer, free_port
 
 from grpo_trainer.models import build_tiny_model, load_model, load_tokenizer
+from grpo_trainer.ranks.group import shutdown_distributed
+from grpo_trainer.ranks.mirror import Consolidator
 from grpo_trainer.serve.settings import InferenceSettings
 from grpo_trainer.sync.base import SyncContext
 from grpo_trainer.sync.buckets import SHM_DIR, plan_buckets
@@ -33,8 +35,6 @@ from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.colocate_ranks import ColocateRanksSync
 from grpo_trainer.sync.sharded import full_parameters
 from grpo_trainer.train.config import TrainerConfig
-from grpo_trainer.train.consolidate import Consolidator
-from grpo_trainer.train.distributed import shutdown_distributed
 from grpo_trainer.train.fsdp import shard_model
 from grpo_trainer.train.loop import SyncLagExceeded, Trainer
 from grpo_trainer.train.reporter import Reporter

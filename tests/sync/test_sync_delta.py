@@ -20,9 +20,9 @@ from gloo_ranks import join
 from sync_helpers import free_port
 
 from grpo_trainer.models import build_tiny_model, load_model
+from grpo_trainer.ranks.group import shutdown_distributed
 from grpo_trainer.sync.delta import BUCKET_BYTES, DeltaMismatch, DeltaSender, Entry, plan, receive
 from grpo_trainer.sync.vllm_worker import SharedWeightsExtension
-from grpo_trainer.train.distributed import shutdown_distributed
 
 BUCKET = 6000  # bytes: several buckets, and the embedding (44 x 64 x 2 B) one of its own
 

@@ -9,7 +9,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from grpo_trainer.train.distributed import Dist, init_distributed, shutdown_distributed
+from grpo_trainer.ranks.group import Dist, init_distributed, shutdown_distributed
 
 
 def train(world: Dist) -> None:

@@ -22,14 +22,14 @@ from test_trainer_control_socket import SocketServer
 from train_helpers import REPO, make_groups, tiny_model, trainer_env, write_groups
 
 from grpo_trainer.models import load_model
+from grpo_trainer.ranks.group import Dist, rank_slice
 from grpo_trainer.records.rollout_reader import RolloutIndex
 from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.data import build_step_batch, parse_groups
-from grpo_trainer.train.distributed import Dist, rank_slice
 from grpo_trainer.train.logprobs import chunked_token_logprobs
 from grpo_trainer.train.loss import LossSettings, policy_loss
-from grpo_trainer.train.resume import SHARDED_DIR
 from grpo_trainer.train.session import run_session
+from grpo_trainer.weight_dirs.layout import SHARDED_DIR
 
 STEP_SEQUENCES = 8  # batch size 4 x 2 accumulation steps: one micro-batch per rank on 2 ranks
 

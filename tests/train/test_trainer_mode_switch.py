@@ -15,10 +15,11 @@ from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.loop import Trainer
 from grpo_trainer.train.policy import build_policy
 from grpo_trainer.train.reporter import Reporter
-from grpo_trainer.train.resume import read_checkpoint, resolve_resume
+from grpo_trainer.train.resume import resolve_resume
 from grpo_trainer.train.session import run_session
 from grpo_trainer.train.sources import FileSource
 from grpo_trainer.train.switch import switch_in_place
+from grpo_trainer.weight_dirs.layout import read_checkpoint
 
 
 def test_full_to_lora_to_full_keeps_weights_and_steps(tmp_path: Path) -> None:

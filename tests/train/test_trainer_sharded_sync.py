@@ -20,12 +20,12 @@ from torch import nn
 from train_helpers import tiny_model
 
 from grpo_trainer.models import load_model
+from grpo_trainer.ranks.group import shutdown_distributed
+from grpo_trainer.ranks.mirror import Consolidator
 from grpo_trainer.sync.base import SyncContext, SyncResult, WeightSync
 from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.sharded import ShardedSync
 from grpo_trainer.sync.vllm_shared import VllmSharedSync
-from grpo_trainer.train.consolidate import Consolidator
-from grpo_trainer.train.distributed import shutdown_distributed
 from grpo_trainer.train.fsdp import shard_model
 
 

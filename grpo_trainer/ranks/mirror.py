@@ -17,7 +17,7 @@ from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from grpo_trainer.models import DTYPES
-from grpo_trainer.train.distributed import Dist
+from grpo_trainer.ranks.group import Dist
 
 
 class Consolidator:
