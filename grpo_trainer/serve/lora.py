@@ -2,10 +2,13 @@
 
 Adapters are validated before they touch the model: the directory and its
 ``adapter_config.json`` must exist, the rank must fit ``--max-lora-rank`` and the adapter
-must have been trained on the served base: the same path, or a model of the same shape
-(after an in-place mode switch or a reload the server serves the trainer's weights, whose
-checkpoint path is not the one it started from). A load that still fails leaves the server
-as it was.
+must have been trained on the served base: the same path, or a model of the served model's
+shape (after an in-place mode switch or a reload the server serves the trainer's weights,
+whose checkpoint path is not the one it started from). The served shape is the loaded
+model's own config, not its folder's: the trainer prunes old checkpoints, and a server
+started on one must go on taking adapters after it is gone (issue 35: every sync refused
+with HTTP 400 once the checkpoint the server started from was pruned). A load that still
+fails leaves the server as it was.
 """
 
 from __future__ import annotations
@@ -36,24 +39,26 @@ SHAPE_KEYS = (
 """What makes two model folders the same base for an adapter (their weights may differ)."""
 
 
-def _shape(path: Path) -> dict[str, object] | None:
-    try:
-        config = json.loads((path / "config.json").read_text())
-    except (OSError, ValueError):
-        return None
+def _shape(config: dict[str, object]) -> dict[str, object]:
     return {key: config.get(key) for key in SHAPE_KEYS}
 
 
-def _same_base(adapter_base: str, served_base: str) -> bool:
+def _folder_shape(path: Path) -> dict[str, object] | None:
+    try:
+        return _shape(json.loads((path / "config.json").read_text()))
+    except (OSError, ValueError):
+        return None
+
+
+def _same_base(adapter_base: str, served_base: str, served_shape: dict[str, object]) -> bool:
+    """Whether an adapter trained on ``adapter_base`` fits the served model (its path and
+    the shape of the weights loaded)."""
     if adapter_base == served_base:
         return True
     left, right = Path(adapter_base), Path(served_base)
-    if not (left.exists() and right.exists()):
-        return False
-    if left.resolve() == right.resolve():
+    if left.exists() and right.exists() and left.resolve() == right.resolve():
         return True
-    shape = _shape(left)
-    return shape is not None and shape == _shape(right)
+    return _folder_shape(left) == served_shape
 
 
 class AdapterSet:
@@ -62,6 +67,8 @@ class AdapterSet:
     def __init__(self, model: PreTrainedModel, *, base_path: str, max_rank: int) -> None:
         self.model = model
         self.base_path = base_path
+        self.base_shape = _shape(model.config.to_dict())
+        """The loaded model's shape (its folder may be pruned while it is served)."""
         self.max_rank = max_rank
         self.paths: dict[str, str] = {}
 
@@ -78,7 +85,7 @@ class AdapterSet:
         if rank > self.max_rank:
             raise AdapterError(f"adapter rank {rank} exceeds --max-lora-rank {self.max_rank}")
         base = str(config.get("base_model_name_or_path") or "")
-        if not _same_base(base, self.base_path):
+        if not _same_base(base, self.base_path, self.base_shape):
             raise AdapterError(
                 f"adapter {path!r} was trained on base {base!r}, "
                 f"but this server serves {self.base_path!r}"

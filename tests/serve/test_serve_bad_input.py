@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import httpx
@@ -81,6 +82,25 @@ def test_an_adapter_on_a_checkpoint_of_the_served_shape_loads(
     assert client.post("/v1/load_lora_adapter", json=body).status_code == 200
     unload = client.post("/v1/unload_lora_adapter", json={"lora_name": "resumed"})
     assert unload.status_code == 200
+
+
+def test_adapters_still_load_once_the_served_checkpoint_is_pruned(
+    tmp_path: Path, tiny_model_dir: Path
+) -> None:
+    """A server started on ``step_4`` goes on serving after the trainer pruned that folder;
+    an adapter on a model of its shape still loads (issue 35: every later sync got HTTP 400,
+    "trained on base ..., but this server serves .../step_4"), one of another shape does
+    not."""
+    from grpo_trainer.serve.lora import AdapterError, AdapterSet
+
+    checkpoint = tmp_path / "checkpoints" / "step_4"
+    load_model(tiny_model_dir).save_pretrained(checkpoint)
+    adapters = AdapterSet(load_model(checkpoint), base_path=str(checkpoint), max_rank=16)
+    shutil.rmtree(checkpoint)
+    adapters.validate(str(make_adapter(tiny_model_dir, tmp_path / "adapter_step_8")))
+    other_base = build_tiny_model(tmp_path / "other", seed=5, hidden_size=32)
+    with pytest.raises(AdapterError, match="trained on base"):
+        adapters.validate(str(make_adapter(other_base, tmp_path / "mismatched")))
 
 
 def test_adapter_load_swap_and_unload(
