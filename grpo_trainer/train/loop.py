@@ -26,13 +26,11 @@ them, and a stop on any rank stops every rank after the same step.
 
 from __future__ import annotations
 
-import resource
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 from pydantic import ValidationError
@@ -44,6 +42,7 @@ from grpo_trainer.live_edits import EditWatcher
 from grpo_trainer.ranks.group import Dist, rank_slice
 from grpo_trainer.ranks.mirror import Consolidator
 from grpo_trainer.records.timeline import SYNC_PHASES
+from grpo_trainer.run_notices import ModeSwitch
 from grpo_trainer.sync.base import WeightSync
 from grpo_trainer.train.api_client import LeasedBatch
 from grpo_trainer.train.checkpoint import (
@@ -53,76 +52,21 @@ from grpo_trainer.train.checkpoint import (
     set_rng_state,
 )
 from grpo_trainer.train.config import TrainerConfig
-from grpo_trainer.train.data import (
-    DataError,
-    MicroBatch,
-    StepBatch,
-    build_step_batch,
-    parse_groups,
-)
+from grpo_trainer.train.data import DataError, StepBatch, build_step_batch, parse_groups
 from grpo_trainer.train.dcp import has_sharded_state, load_sharded_state, save_sharded_checkpoint
-from grpo_trainer.train.logprobs import chunked_token_logprobs
-from grpo_trainer.train.loss import LossOutput, LossSettings, k3_kl, policy_loss
+from grpo_trainer.train.gradients import accumulate_gradients
+from grpo_trainer.train.loss import LossSettings
 from grpo_trainer.train.optim import build_optimizer, lr_factor
 from grpo_trainer.train.phases import PhaseClock, per_rank
 from grpo_trainer.train.recording import StepRecorder
 from grpo_trainer.train.reporter import Reporter
 from grpo_trainer.train.resume import ResumePoint
 from grpo_trainer.train.sources import BatchSource
+from grpo_trainer.train.step_metrics import hyperparameters, step_metrics
 from grpo_trainer.train.weight_path import SyncLagExceeded, WeightPath
 
 READY_LINE = "grpo-trainer ready"
 """Printed once the data source is connected (the supervisor's log_line readiness probe)."""
-STALENESS_BUCKETS = 4
-"""``staleness/lag0`` .. ``lag3`` and ``lag4+``: the share of a step's sequences per lag."""
-
-
-@dataclass
-class _Sums:
-    """Masked sums over one step's micro-batches, for the step's metrics."""
-
-    tokens: float = 0.0
-    loss: float = 0.0
-    ratio: float = 0.0
-    clipped: float = 0.0
-    train_logp: float = 0.0
-    inference_logp: float = 0.0
-    diff: float = 0.0
-    abs_diff: float = 0.0
-    max_diff: float = 0.0
-    lag0_tokens: float = 0.0
-    lag0_abs_diff: float = 0.0
-    mismatch_kl: float = 0.0
-    lag0_mismatch_kl: float = 0.0
-    entropy: float = 0.0
-    kl: float = 0.0
-    pos_logp: float = 0.0
-    pos_tokens: float = 0.0
-    neg_logp: float = 0.0
-    neg_tokens: float = 0.0
-    processed_tokens: float = 0.0
-    env_tokens: list[float] = field(default_factory=list)
-    env_mismatch_kl: list[float] = field(default_factory=list)
-    """Per environment of the step (``StepBatch.env_names``)."""
-
-    def reduced(self, world: Dist) -> _Sums:
-        """The sums over every rank (``max_diff``: the maximum)."""
-        names = [name for name, v in vars(self).items() if isinstance(v, float)]
-        names.remove("max_diff")
-        totals = world.sum([getattr(self, name) for name in names])
-        out = _Sums(**dict(zip(names, totals, strict=True)))
-        out.max_diff = world.max([self.max_diff])[0]
-        per_env = world.sum(self.env_tokens + self.env_mismatch_kl)
-        out.env_tokens = per_env[: len(self.env_tokens)]
-        out.env_mismatch_kl = per_env[len(self.env_tokens) :]
-        return out
-
-
-def peak_memory_gb(device: str) -> float:
-    """Peak accelerator memory allocated (CUDA), else the process' peak RSS, in GB."""
-    if device.startswith("cuda"):
-        return torch.cuda.max_memory_allocated(device) / 1e9
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
 
 
 class Trainer:
@@ -147,6 +91,7 @@ class Trainer:
         world: Dist | None = None,
         consolidator: Consolidator | None = None,
         recorder: StepRecorder | None = None,
+        switch_mode: Callable[[Trainer, ModeSwitch], None] | None = None,
     ) -> None:
         self.config = config
         self.recorder = recorder
@@ -161,7 +106,7 @@ class Trainer:
         self.strategy = strategy
         self.reference = reference
         self.step = 0 if resume is None else resume.step
-        self.path = WeightPath(self)
+        self.path = WeightPath(self, None if switch_mode is None else partial(switch_mode, self))
         if self.world.is_main:  # before attaching: a server restarted since is newer
             self.path.incarnation.adopt()
         self.model = model if strategy is None else strategy.attach(model)
@@ -187,7 +132,7 @@ class Trainer:
                 f"resuming at step {resume.step} from {resume.checkpoint} with fresh optimizer "
                 "state (the trained parameter set changed with the weight-sync mode)",
             )
-        self.loss_settings = loss_settings(config)
+        self.loss_settings = LossSettings.of(config)
         self.edits = EditWatcher.for_role("trainer")
         self.policy_version = self.step
         self.last_synced_step = self.step
@@ -241,7 +186,7 @@ class Trainer:
                 if self.source is not None:
                     self.source.done(leased, self.step)
                 metrics["data_wait_time"] = data_wait
-                metrics.update(self.hyperparameters())
+                metrics.update(hyperparameters(self.config))
                 clock.enter("syncing", self.step)
                 sync_start = time.time()
                 metrics.update(self._maybe_sync())
@@ -320,23 +265,9 @@ class Trainer:
             self.reporter.event("error", f"live edit refused: {exc.errors()[0]['msg']}")
             return
         self.config = config
-        self.loss_settings = loss_settings(config)
+        self.loss_settings = LossSettings.of(config)
         changes = ", ".join(f"{key} {current[key]} -> {value}" for key, value in new.items())
         self.reporter.event("info", f"live edit from step {self.step + 1}: {changes}")
-
-    def hyperparameters(self) -> dict[str, float]:
-        """The editable values in force at this step (``hparam/...`` metrics)."""
-        config = self.config
-        values = {
-            "hparam/lr": config.base_lr,
-            "hparam/beta": config.beta,
-            "hparam/clip_eps": config.clip_eps,
-            "hparam/clip_eps_high": config.clip_high,
-            "hparam/entropy_coef": config.entropy_coef,
-        }
-        if config.tis_cap is not None:
-            values["hparam/tis_cap"] = config.tis_cap
-        return values
 
     def _next_batch(self) -> LeasedBatch | None:
         """Rank 0 leases the step's batch and every rank gets it; None: stop first.
@@ -400,69 +331,6 @@ class Trainer:
         )
         return self.config.base_lr * factor
 
-    def _reference_logprobs(self, micro: MicroBatch) -> torch.Tensor | None:
-        if self.config.beta == 0:
-            return None
-        with torch.no_grad():
-            if self.reference is not None:
-                ref = self.reference
-                out = chunked_token_logprobs(
-                    ref,
-                    micro.input_ids,
-                    micro.attention_mask,
-                    micro.temperatures,
-                    chunk_size=self.config.logprob_chunk_size,
-                    positions=micro.loss_mask,
-                )
-                return out.logprobs
-            with self.model.disable_adapter():
-                out = chunked_token_logprobs(
-                    self.model,
-                    micro.input_ids,
-                    micro.attention_mask,
-                    micro.temperatures,
-                    chunk_size=self.config.logprob_chunk_size,
-                    positions=micro.loss_mask,
-                )
-            return out.logprobs
-
-    def _forward_backward(self, batch: StepBatch) -> _Sums:
-        """Every micro-batch's forward and backward (gradients accumulate); the sums for the
-        step's metrics."""
-        config = self.config
-        sums = _Sums(
-            env_tokens=[0.0] * len(batch.env_names), env_mismatch_kl=[0.0] * len(batch.env_names)
-        )
-        for micro_cpu in batch.micro_batches:
-            micro = micro_cpu.to(config.device)
-            out = chunked_token_logprobs(
-                self.model,
-                micro.input_ids,
-                micro.attention_mask,
-                micro.temperatures,
-                chunk_size=config.logprob_chunk_size,
-                with_entropy=True,
-                positions=micro.loss_mask,  # the LM head scores trained tokens only
-            )
-            result = policy_loss(
-                out.logprobs,
-                micro.inference_logprobs,
-                micro.advantages,
-                micro.loss_mask,
-                self.loss_settings,
-                step_sequences=batch.sequences,
-                step_tokens=batch.tokens,
-                max_len=config.seq_len,
-                ref_logp=self._reference_logprobs(micro),
-                entropy=out.entropy,
-            )
-            # FSDP2 averages gradients over ranks; each loss is this rank's share of the sum
-            (result.loss * self.world.world_size).backward()
-            self._accumulate(sums, micro, out.logprobs.detach(), out.entropy, result, self.step)
-            if self.recorder is not None:
-                self.recorder.capture(out.logprobs, out.entropy, result.ratio)
-        return sums
-
     def train_step(self, batch: StepBatch) -> dict[str, float]:
         """One optimizer step over all micro-batches of ``batch``; returns its metrics."""
         config = self.config
@@ -470,7 +338,16 @@ class Trainer:
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         with self._span("forward_backward"):
-            sums = self._forward_backward(batch)
+            sums = accumulate_gradients(
+                self.model,
+                batch,
+                config=config,
+                settings=self.loss_settings,
+                reference=self.reference,
+                world=self.world,
+                version=self.step,
+                recorder=self.recorder,
+            )
         with self._span("optimizer"):
             params = [p for p in self.model.parameters() if p.requires_grad]
             norm = torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
@@ -490,114 +367,16 @@ class Trainer:
         lag_base = self.step
         self.step += 1
         step_time = time.perf_counter() - started
-        return self._metrics(sums.reduced(self.world), batch, lr, grad_norm, step_time, lag_base)
-
-    @staticmethod
-    def _accumulate(
-        sums: _Sums,
-        micro: MicroBatch,
-        logp: torch.Tensor,
-        entropy: torch.Tensor | None,
-        result: LossOutput,
-        version: int,
-    ) -> None:
-        """Add one micro-batch to ``sums``; ``version`` is the policy the trainer holds
-        (sequences sampled at it are on-policy: their logprob difference is the weight
-        sync's error alone, with no optimizer step in between)."""
-        mask = micro.loss_mask
-        diff = (logp - micro.inference_logprobs) * mask
-        lag0 = mask * (micro.policy_versions == version).unsqueeze(1)
-        sums.lag0_tokens += float(lag0.sum())
-        sums.lag0_abs_diff += float((diff.abs() * lag0).sum())
-        # k3 of KL(inference || trainer) per sampled token: exp(d) - 1 - d, d = trainer -
-        # inference (loss.k3_kl with the inference logprobs in the policy's place)
-        mismatch = k3_kl(micro.inference_logprobs, logp) * mask
-        sums.mismatch_kl += float(mismatch.sum())
-        sums.lag0_mismatch_kl += float((mismatch * lag0).sum())
-        for env in range(len(sums.env_tokens)):
-            rows = (micro.envs == env).unsqueeze(1)
-            sums.env_tokens[env] += float((mask * rows).sum())
-            sums.env_mismatch_kl[env] += float((mismatch * rows).sum())
-        sums.tokens += float(mask.sum())
-        sums.loss += float(result.loss.detach())
-        sums.ratio += float((result.ratio * mask).sum())
-        sums.clipped += float((result.clipped * mask).sum())
-        sums.train_logp += float((logp * mask).sum())
-        sums.inference_logp += float((micro.inference_logprobs * mask).sum())
-        sums.diff += float(diff.sum())
-        sums.abs_diff += float(diff.abs().sum())
-        sums.max_diff = max(sums.max_diff, float(diff.abs().max()))
-        if entropy is not None:
-            sums.entropy += float((entropy.detach() * mask).sum())
-        if result.kl is not None:
-            sums.kl += float((result.kl * mask).sum())
-        pos = mask * (micro.advantages > 0)
-        neg = mask * (micro.advantages < 0)
-        sums.pos_logp += float((logp * pos).sum())
-        sums.pos_tokens += float(pos.sum())
-        sums.neg_logp += float((logp * neg).sum())
-        sums.neg_tokens += float(neg.sum())
-        sums.processed_tokens += float(micro.attention_mask.sum())
-
-    def _metrics(
-        self,
-        sums: _Sums,
-        batch: StepBatch,
-        lr: float,
-        grad_norm: float,
-        step_time: float,
-        lag_base: int,
-    ) -> dict[str, float]:
-        n = max(sums.tokens, 1.0)
-        scores = torch.tensor(batch.scores, dtype=torch.float64)
-        lengths = batch.completion_lengths
-        metrics = {
-            "loss": sums.loss,
-            "lr": lr,
-            "grad_norm": grad_norm,
-            "mean_ratio": sums.ratio / n,
-            "clipped_fraction": sums.clipped / n,
-            "pos_logp": sums.pos_logp / max(sums.pos_tokens, 1.0),
-            "neg_logp": sums.neg_logp / max(sums.neg_tokens, 1.0),
-            "reward/mean": float(scores.mean()),
-            "reward/std": float(scores.std(unbiased=False)),
-            "reward/zero_std_fraction": batch.zero_std_groups / max(batch.groups, 1),
-            "entropy": sums.entropy / n,
-            "logprobs/training_mean": sums.train_logp / n,
-            "logprobs/inference_mean": sums.inference_logp / n,
-            "alignment/diff_mean": sums.diff / n,
-            "alignment/diff_abs_mean": sums.abs_diff / n,
-            "alignment/diff_max": sums.max_diff,
-            "completion_len/mean": sum(lengths) / max(len(lengths), 1),
-            "completion_len/max": float(max(lengths, default=0)),
-            "tokens_per_s": sums.processed_tokens / max(step_time, 1e-9),
-            "step_time": step_time,
-            "training_steps": float(self.config.training_steps),
-        }
-        peaks = self.world.gather(peak_memory_gb(self.config.device))
-        if self.world.is_main:
-            metrics["peak_memory_gb"] = max(peaks)
-        if self.world.enabled:
-            metrics.update({f"gpu_memory_gb/rank{r}": gb for r, gb in enumerate(peaks)})
-        if self.config.beta > 0:
-            metrics["kl"] = sums.kl / n
-        if batch.policy_versions:
-            lags = [lag_base - v for v in batch.policy_versions]
-            metrics["off_policy_lag"] = sum(lags) / len(lags)
-            metrics |= staleness(lag_base, batch.sequence_versions)
-        metrics["mismatch_kl"] = sums.mismatch_kl / n
-        for name, tokens, total in zip(
-            batch.env_names, sums.env_tokens, sums.env_mismatch_kl, strict=True
-        ):
-            if name and tokens:
-                metrics[f"mismatch_kl/env/{name}"] = total / tokens
-        if sums.lag0_tokens:
-            # Sequences sampled at the weights being trained: a weight-sync error shows here
-            # (bf16 rounding only: ~5e-3 on GPU, ~1e-7 in float32), off-policy drift cannot.
-            metrics["alignment/diff_abs_mean_lag0"] = sums.lag0_abs_diff / sums.lag0_tokens
-            metrics["alignment/lag0_fraction"] = sums.lag0_tokens / n
-            metrics["mismatch_kl/lag0"] = sums.lag0_mismatch_kl / sums.lag0_tokens
-        return metrics
+        return step_metrics(
+            sums.reduced(self.world),
+            batch,
+            lr=lr,
+            grad_norm=grad_norm,
+            step_time=step_time,
+            lag_base=lag_base,
+            config=config,
+            world=self.world,
+        )
 
     def _maybe_sync(self) -> dict[str, float]:
         """Sync every ``sync_every`` steps with retries; stop when staleness exceeds the cap.
@@ -629,37 +408,6 @@ class Trainer:
             )
         metrics["policy_version"] = float(self.policy_version)
         return metrics
-
-
-def staleness(base: int, versions: list[int]) -> dict[str, float]:
-    """The step's staleness histogram: the share of its sequences sampled ``k`` steps
-    before the weights being trained (``staleness/lag0`` .. ``lag3``, ``lag4+``;
-    ``staleness/negative`` when a sequence came from weights newer than these, e.g. an
-    abandoned policy after a resume), and ``staleness/max``."""
-    lags = [base - v for v in versions if v >= 0]
-    if not lags:
-        return {}
-    counts = Counter(min(lag, STALENESS_BUCKETS) for lag in lags if lag >= 0)
-    shares = {
-        f"staleness/lag{k}{'+' if k == STALENESS_BUCKETS else ''}": counts[k] / len(lags)
-        for k in range(STALENESS_BUCKETS + 1)
-    }
-    negative = sum(1 for lag in lags if lag < 0)
-    if negative:
-        shares["staleness/negative"] = negative / len(lags)
-    return shares | {"staleness/max": float(max(lags))}
-
-
-def loss_settings(config: TrainerConfig) -> LossSettings:
-    """The loss knobs of ``config``."""
-    return LossSettings(
-        loss_type=config.loss_type,
-        clip_low=config.clip_eps,
-        clip_high=config.clip_high,
-        beta=config.beta,
-        tis_cap=config.tis_cap,
-        entropy_coef=config.entropy_coef,
-    )
 
 
 @contextmanager

@@ -12,9 +12,13 @@ gradient accumulation over micro-batches sums to exactly the full-batch loss.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from grpo_trainer.train.config import TrainerConfig
 
 
 def clipped_surrogate(
@@ -103,6 +107,18 @@ class LossSettings:
     beta: float = 0.0
     tis_cap: float | None = None
     entropy_coef: float = 0.0
+
+    @classmethod
+    def of(cls, config: TrainerConfig) -> LossSettings:
+        """The loss knobs of ``config``."""
+        return cls(
+            loss_type=config.loss_type,
+            clip_low=config.clip_eps,
+            clip_high=config.clip_high,
+            beta=config.beta,
+            tis_cap=config.tis_cap,
+            entropy_coef=config.entropy_coef,
+        )
 
 
 @dataclass

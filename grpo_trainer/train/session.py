@@ -11,7 +11,7 @@ from transformers import PreTrainedTokenizerBase
 from grpo_trainer.api.settings import TOKEN_ENV
 from grpo_trainer.models import load_tokenizer
 from grpo_trainer.ranks.group import Dist, init_distributed, shutdown_distributed
-from grpo_trainer.sync.base import SyncContext, WeightSync
+from grpo_trainer.sync.base import WeightSync
 from grpo_trainer.sync.client import InferenceClient, SyncError
 from grpo_trainer.train.api_client import ApiClient, ApiRefused, ApiUnreachable, Registration
 from grpo_trainer.train.config import EXIT_BAD_CONFIG, TrainerConfig
@@ -23,6 +23,8 @@ from grpo_trainer.train.recording import StepRecorder, fast_decode
 from grpo_trainer.train.reporter import Reporter
 from grpo_trainer.train.resume import ResumePoint, resolve_resume, resume_from_path
 from grpo_trainer.train.sources import ApiSource, BatchSource, FileSource
+from grpo_trainer.train.strategy import make_strategy, sync_context
+from grpo_trainer.train.switch import switch_in_place
 from grpo_trainer.train.weight_path import SyncLagExceeded
 
 
@@ -59,27 +61,6 @@ def make_source(config: TrainerConfig, reporter: Reporter) -> BatchSource:
         wandb_project=config.wandb_project or "",
     )
     return ApiSource(client, registration)
-
-
-def make_strategy(config: TrainerConfig, reporter: Reporter) -> WeightSync | None:
-    """The weight-sync strategy of ``--weight-bridge-mode`` (None with ``--sync-every 0``)."""
-    if config.sync_every == 0:
-        return None
-    from grpo_trainer.sync.registry import make_strategy as registry_strategy
-
-    return registry_strategy(config.weight_bridge_mode, sync_context(config), link=reporter.link)
-
-
-def sync_context(config: TrainerConfig) -> SyncContext:
-    """What a weight-sync strategy needs to know about the run."""
-    return SyncContext(
-        inference_url=config.inference_url,
-        served_model_name=config.served_model_name,
-        checkpoint_dir=config.checkpoint_dir,
-        backend=config.inference_backend,
-        delta=config.weight_transfer_delta,
-        none_reload=config.none_reload,
-    )
 
 
 def wait_for_inference(
@@ -189,7 +170,7 @@ def _sharded_trainer(
         strategy = ShardedSync(
             sync_context(config),
             mode=config.weight_bridge_mode,
-            inner=make_strategy(config, reporter) if world.is_main else None,
+            inner=make_strategy(config, reporter.link) if world.is_main else None,
             world=world,
             consolidator=consolidator,
             dtype=DTYPES[config.dtype],
@@ -216,6 +197,7 @@ def _sharded_trainer(
         world=world,
         consolidator=consolidator,
         recorder=make_recorder(config, tokenizer, reporter, world),
+        switch_mode=switch_in_place,
     )
 
 
@@ -223,7 +205,7 @@ def _trainer(config: TrainerConfig, reporter: Reporter, point: ResumePoint | Non
     """The single-process trainer: one device, no process group. The GPU's room is checked
     once inference is up (it may start alongside)."""
     policy = build_policy(config, point)
-    strategy = make_strategy(config, reporter)
+    strategy = make_strategy(config, reporter.link)
     wait_for_inference(config, reporter, strategy)
     problem = gpu_fit_problem(config, policy.model)
     if problem is not None:
@@ -240,6 +222,7 @@ def _trainer(config: TrainerConfig, reporter: Reporter, point: ResumePoint | Non
         reference=reference_model(config),
         resume=point,
         recorder=make_recorder(config, tokenizer, reporter, Dist(device=config.device)),
+        switch_mode=switch_in_place,
     )
 
 

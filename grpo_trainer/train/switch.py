@@ -29,10 +29,11 @@ from torch import nn
 
 from grpo_trainer.control import ControlError
 from grpo_trainer.run_notices import ModeSwitch, ModeSwitched
-from grpo_trainer.sync.registry import make_strategy
 from grpo_trainer.train.config import TrainerConfig
+from grpo_trainer.train.loss import LossSettings
 from grpo_trainer.train.optim import build_optimizer
 from grpo_trainer.train.policy import add_fresh_adapter, reference_model
+from grpo_trainer.train.strategy import make_strategy
 from grpo_trainer.weight_dirs.layout import checkpoint_name
 
 if TYPE_CHECKING:
@@ -81,9 +82,6 @@ def switch_in_place(trainer: Trainer, notice: ModeSwitch) -> None:
 
 
 def _switch(trainer: Trainer, config: TrainerConfig) -> None:
-    from grpo_trainer.train.loop import loss_settings
-    from grpo_trainer.train.session import sync_context
-
     old = trainer.config
     if trainer.strategy is not None and trainer.last_synced_step < trainer.step:
         trainer.path.sync_now("weight sync before a mode switch")
@@ -104,15 +102,11 @@ def _switch(trainer: Trainer, config: TrainerConfig) -> None:
         model = model.merge_and_unload()
         model.requires_grad_(True)
     trainer.config = config
-    trainer.strategy = None
-    if config.sync_every:
-        strategy = make_strategy(
-            config.weight_bridge_mode, sync_context(config), link=trainer.reporter.link
-        )
-        model = strategy.attach(model)
-        trainer.strategy = strategy
+    trainer.strategy = make_strategy(config, trainer.reporter.link)
+    if trainer.strategy is not None:
+        model = trainer.strategy.attach(model)
     trainer.model = model
-    trainer.loss_settings = loss_settings(config)
+    trainer.loss_settings = LossSettings.of(config)
     if reshaped:
         trainer.optimizer = build_optimizer(
             model, config.optimizer, config.base_lr, config.weight_decay

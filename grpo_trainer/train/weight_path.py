@@ -11,26 +11,32 @@ decides (one broadcast):
   again), push the current weights, report the served version with the new incarnation
   (which ends the API's hold). No trainer restart; the lag bound holds, since nothing was
   sampled in between;
-- **a mode switch** (``mode_switch.json``): switch in place (``train/switch.py``).
+- **a mode switch** (``mode_switch.json``): switch in place (the trainer's ``switch_mode``:
+  ``train/switch.py``, given by ``session.py``; the path knows the trainer only through
+  ``PathOwner``, so that neither imports the other).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
+from torch import nn
+
+from grpo_trainer.ranks.group import Dist
 from grpo_trainer.run_notices import (
     MODE_SWITCH_FILE,
     IncarnationWatch,
     ModeSwitch,
     NoticeWatcher,
 )
-from grpo_trainer.sync.base import SyncResult
+from grpo_trainer.sync.base import SyncResult, WeightSync
 from grpo_trainer.sync.client import SyncError
 from grpo_trainer.sync.restart import SupervisorStopping
-
-if TYPE_CHECKING:
-    from grpo_trainer.train.loop import Trainer
+from grpo_trainer.train.config import TrainerConfig
+from grpo_trainer.train.reporter import Reporter
+from grpo_trainer.train.sources import BatchSource
 
 DOWN_WAIT = 900.0
 """Seconds the trainer waits for inference to come back before it stops."""
@@ -47,11 +53,30 @@ class InferenceGone(SyncLagExceeded):
     """Inference stayed down longer than ``DOWN_WAIT``."""
 
 
-class WeightPath:
-    """Notices read by rank 0, decisions carried out on every rank of ``trainer``."""
+class PathOwner(Protocol):
+    """What the weight path reads and moves on the trainer it serves (``loop.Trainer``)."""
 
-    def __init__(self, trainer: Trainer) -> None:
+    config: TrainerConfig
+    world: Dist
+    reporter: Reporter
+    source: BatchSource | None
+    strategy: WeightSync | None
+    model: nn.Module
+    step: int
+    policy_version: int
+    last_synced_step: int
+    stop_requested: bool
+
+
+class WeightPath:
+    """Notices read by rank 0, decisions carried out on every rank of ``trainer``;
+    ``switch_mode`` switches it in place (None: a switch asked is not taken)."""
+
+    def __init__(
+        self, trainer: PathOwner, switch_mode: Callable[[ModeSwitch], None] | None = None
+    ) -> None:
         self.trainer = trainer
+        self.switch_mode = switch_mode
         self.incarnation = IncarnationWatch()
         """The inference incarnation the weights were last pushed to (rank 0 reads it)."""
         self.switches = NoticeWatcher.in_run(MODE_SWITCH_FILE, ModeSwitch)
@@ -61,9 +86,18 @@ class WeightPath:
 
     def pending(self) -> bool:
         """Rank 0: whether a notice waits (the batch wait stops early for it)."""
+        return (
+            self._switch_asked() is not None
+            or self.incarnation.down()
+            or self.incarnation.restarted()
+        )
+
+    def _switch_asked(self) -> ModeSwitch | None:
+        """Rank 0: a switch asked since the last one done (None without ``switch_mode``)."""
         notice = self.switches.current()
-        switch = notice is not None and notice.serial > self.switch_serial
-        return switch or self.incarnation.down() or self.incarnation.restarted()
+        if self.switch_mode is None or notice is None or notice.serial <= self.switch_serial:
+            return None
+        return notice
 
     def take(self, *, switches: bool = True) -> bool:
         """Collective: act on what rank 0 decides; True when the weights were pushed."""
@@ -76,11 +110,10 @@ class WeightPath:
         if kind == "reattach":
             self.reattach()
             return True
-        from grpo_trainer.train.switch import switch_in_place
-
         notice = ModeSwitch.model_validate(payload)
         self.switch_serial = max(self.switch_serial, notice.serial)
-        switch_in_place(trainer, notice)
+        assert self.switch_mode is not None  # rank 0 decides a switch only with it
+        self.switch_mode(notice)
         return True
 
     def _decide(self, switches: bool) -> tuple[str, Any] | None:
@@ -89,10 +122,8 @@ class WeightPath:
             self._wait_until_up()
         if self.incarnation.restarted():
             return "reattach", None
-        notice = self.switches.current()
-        if switches and notice is not None and notice.serial > self.switch_serial:
-            return "switch", notice.model_dump()
-        return None
+        notice = self._switch_asked() if switches else None
+        return None if notice is None else ("switch", notice.model_dump())
 
     def _wait_until_up(self) -> None:
         """Rank 0: wait while the supervisor says inference is down (a stop request ends the

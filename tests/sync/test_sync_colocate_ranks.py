@@ -38,8 +38,8 @@ from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.fsdp import shard_model
 from grpo_trainer.train.loop import SyncLagExceeded, Trainer
 from grpo_trainer.train.reporter import Reporter
-from grpo_trainer.train.session import sync_context
 from grpo_trainer.train.sources import FileSource
+from grpo_trainer.train.strategy import sync_context
 
 BUCKET_BYTES = 16_384
 """Small buckets, so that a sync of the tiny model takes several."""

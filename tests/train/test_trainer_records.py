@@ -20,10 +20,11 @@ from grpo_trainer.records.rollouts import k3
 from grpo_trainer.records.timeline_reader import Timeline
 from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.logprobs import naive_token_logprobs
-from grpo_trainer.train.loop import Trainer, staleness
+from grpo_trainer.train.loop import Trainer
 from grpo_trainer.train.recording import StepRecorder
 from grpo_trainer.train.reporter import Reporter
 from grpo_trainer.train.sources import FileSource
+from grpo_trainer.train.step_metrics import staleness
 
 SHIFT = 0.3
 """The "math" environment's inference logprobs are this much below the model's."""
