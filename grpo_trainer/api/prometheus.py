@@ -1,4 +1,6 @@
-"""``GET /metrics``: queue depth and per-environment counters in Prometheus text format."""
+"""``GET /metrics``: queue depth, time in queue, the served policy version and
+per-environment counters in Prometheus text format (the supervisor scrapes the gauges:
+``grpo_tui/supervisor/samplers.py``)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,26 @@ def render_metrics(store: Store) -> str:
         "# TYPE grpo_api_current_step gauge",
         f"grpo_api_current_step {store.current_step()}",
     ]
+    gauges = (
+        (
+            "grpo_api_time_in_queue_seconds",
+            "Mean seconds the groups of the last batch handed out waited in the queue.",
+            store.time_in_queue,
+        ),
+        (
+            "grpo_api_served_version",
+            "Trainer step whose weights inference serves, as the trainer reported it.",
+            store.served_version(),
+        ),
+        (
+            "grpo_api_served_incarnation",
+            "Inference incarnation the trainer last pushed its weights to.",
+            store.served_incarnation(),
+        ),
+    )
+    for metric, what, value in gauges:
+        if value is not None:  # unknown: absent, not 0
+            lines += [f"# HELP {metric} {what}", f"# TYPE {metric} gauge", f"{metric} {value}"]
     groups: dict[str, int] = {}
     sequences: dict[str, int] = {}
     for item in pending:

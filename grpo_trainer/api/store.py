@@ -48,7 +48,8 @@ CREATE TABLE IF NOT EXISTS groups (
     seq INTEGER PRIMARY KEY AUTOINCREMENT,
     env_id INTEGER,
     size INTEGER NOT NULL,
-    batch_id TEXT
+    batch_id TEXT,
+    queued_at REAL
 );
 CREATE TABLE IF NOT EXISTS payloads (seq INTEGER PRIMARY KEY, body BLOB NOT NULL);
 CREATE INDEX IF NOT EXISTS groups_batch ON groups (batch_id);
@@ -101,6 +102,12 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute(f"PRAGMA synchronous={synchronous.upper()}")
         self.db.executescript(SCHEMA)
+        columns = {row[1] for row in self.db.execute("PRAGMA table_info(groups)")}
+        if "queued_at" not in columns:  # a queue written before it was recorded
+            self.db.execute("ALTER TABLE groups ADD COLUMN queued_at REAL")
+        self.time_in_queue: float | None = None
+        """Mean seconds the groups of the last batch handed out had waited (None: none yet,
+        or queued by an API that did not record it)."""
         self.purge()
 
     def close(self) -> None:
@@ -180,6 +187,7 @@ class Store:
             dropped = self.db.execute("SELECT COUNT(*) FROM groups").fetchone()[0]
             for table in ("meta", "envs", "groups", "payloads", "leases", "counters"):
                 self.db.execute(f"DELETE FROM {table}")
+        self.time_in_queue = None
         return dropped
 
     # ---- environments ------------------------------------------------------------------
@@ -243,10 +251,12 @@ class Store:
         for env_id, _, _ in rows:
             label = NO_ENV if env_id is None else str(env_id)
             per_env[label] = per_env.get(label, 0) + 1
+        now = time.time()
         with self._transaction():
             for env_id, size, body in rows:
                 seq = self.db.execute(
-                    "INSERT INTO groups (env_id, size) VALUES (?, ?)", (env_id, size)
+                    "INSERT INTO groups (env_id, size, queued_at) VALUES (?, ?, ?)",
+                    (env_id, size, now),
                 ).lastrowid
                 self.db.execute("INSERT INTO payloads (seq, body) VALUES (?, ?)", (seq, body))
             self._bump("received", per_env)
@@ -308,6 +318,7 @@ class Store:
         if picked is None:
             return None
         seqs = [p.seq for p in picked]
+        self._time_in_queue(seqs)
         batch_id = uuid.uuid4().hex
         with self._transaction():
             payloads = self._payloads(seqs)
@@ -322,6 +333,20 @@ class Store:
                     (batch_id, time.time() + lease),
                 )
         return Delivery(payloads=payloads, batch_id=None if lease is None else batch_id)
+
+    def _time_in_queue(self, seqs: Sequence[int]) -> None:
+        """Record how long the groups ``seqs`` waited, on their way out (a group whose lease
+        expired counts from its first arrival)."""
+        marks = ",".join("?" * len(seqs))
+        queued = [
+            row[0]
+            for row in self.db.execute(
+                f"SELECT queued_at FROM groups WHERE seq IN ({marks})", list(seqs)
+            ).fetchall()
+            if row[0] is not None
+        ]
+        if queued:
+            self.time_in_queue = time.time() - sum(queued) / len(queued)
 
     def ack(self, batch_id: str) -> Literal["acked", "expired", "unknown"]:
         """Consume a leased batch: its groups are gone for good and the step advances."""

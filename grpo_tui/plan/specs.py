@@ -69,7 +69,8 @@ def model_spec(settings: RoleSettings, topology: Topology, overrides: Overrides)
 
 
 def api_spec(settings: RoleSettings, topology: Topology, overrides: Overrides) -> ProcessSpec:
-    """The rollout API: always restarted, healthy when ``/health`` answers."""
+    """The rollout API: always restarted, healthy when ``/health`` answers; its ``/metrics``
+    (queue depth, time in queue, the served version) scraped by the supervisor."""
     api = require(settings.api)
     argv = api.model_copy(update={"token": None}).argv(run_dir=settings.run_dir)
     launch, step = topology.step("api", Launch(argv=argv))
@@ -81,6 +82,7 @@ def api_spec(settings: RoleSettings, topology: Topology, overrides: Overrides) -
         slurm_step=step,
         env=token_env(settings),
         port=api.port,
+        metrics_url=f"{settings.api_url}/metrics",
         readiness=HttpProbe(url=health, period=0.2, timeout=2.0),
         liveness=HttpProbe(url=health, initial_delay=5, period=10, timeout=5, failure_threshold=3),
         restart=RestartPolicy(policy="always", backoff_base=0.5, max_restarts=5),

@@ -1,8 +1,10 @@
-"""Background measurements: CPU/RSS per process tree, GPU memory (NVML), generated tokens/s.
+"""Background measurements: CPU/RSS per process tree, GPU memory (NVML), generated tokens/s,
+and the rollout API's queue gauges.
 
 Samplers return plain events and metric values; the supervisor publishes them. NVML is
 optional: without the library, a driver or a GPU, the GPU part is absent, and one notice
-says why.
+says why, at level ``debug``: in ``events.jsonl`` for whoever looks, not on the console nor
+in the dashboard's events (every CPU run would print it).
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ from grpo_tui.supervisor.process import ChildProcess
 
 TOKENS_COUNTERS = ("vllm:generation_tokens_total", "sglang:generation_tokens_total")
 """Generated-token counters of vLLM and SGLang (``--enable-metrics``); a server has one."""
+GAUGES = {
+    "grpo_api_queue_groups": "queue_groups",
+    "grpo_api_time_in_queue_seconds": "time_in_queue_s",
+    "grpo_api_served_version": "served_version",
+    "grpo_api_served_incarnation": "served_incarnation",
+}
+"""Unlabelled gauges a scraped endpoint may have (the rollout API's), recorded as
+``<name>/<short name>``: queue depth, time in queue, the served policy version."""
 SCRAPE_TIMEOUT = 2.0
 """Seconds a ``/metrics`` scrape may take: a busy server answers late, not never."""
 
@@ -154,6 +164,18 @@ class GpuSampler:
         return gpus, per_gpu
 
 
+def gauges(text: str) -> dict[str, float]:
+    """The :data:`GAUGES` found in Prometheus text, by short name."""
+    found = {}
+    for line in text.splitlines():
+        name, _, value = line.partition(" ")
+        short = GAUGES.get(name)
+        if short is not None:
+            with contextlib.suppress(ValueError):
+                found[short] = float(value)
+    return found
+
+
 def generation_tokens(text: str) -> float | None:
     """Sum of the generated-token counter over its label sets in Prometheus text."""
     total, found = 0.0, False
@@ -211,7 +233,7 @@ class Samplers:
         if self._gpus.unavailable is not None and not self._told_no_gpu:
             self._told_no_gpu = True
             message = f"GPU memory is not sampled: NVML is unavailable ({self._gpus.unavailable})"
-            events.append(Notice(level="info", message=message))
+            events.append(Notice(level="debug", message=message))
         gpus, per_gpu = self._gpus.sample()
         trees = self._trees.sample(children)
         holders = gpu_holders(
@@ -238,19 +260,24 @@ class Samplers:
             values[f"process/{name}/rss_bytes"] = rss
             if gpu_memory is not None:
                 values[f"process/{name}/gpu_memory_bytes"] = gpu_memory
-        rates = await asyncio.gather(*(self._scrape(name, at) for name, at in scrape.items()))
-        for name, rate in zip(scrape, rates, strict=True):
-            if rate is not None:
-                values[f"{name}/tokens_per_s"] = rate
+        scraped = await asyncio.gather(*(self._scrape(name, at) for name, at in scrape.items()))
+        for name, found in zip(scrape, scraped, strict=True):
+            values |= {f"{name}/{short}": value for short, value in found.items()}
         return events, values
 
-    async def _scrape(self, name: str, at: Scrape) -> float | None:
+    async def _scrape(self, name: str, at: Scrape) -> dict[str, float]:
+        """``tokens_per_s`` (between this scrape and the last) and the :data:`GAUGES`."""
         try:
             response = await self._client.get(at.url, timeout=SCRAPE_TIMEOUT)
         except httpx.HTTPError:
-            return None
-        total = generation_tokens(response.text) if response.status_code == 200 else None
-        if total is None:
-            return None
-        rate = self._rates.setdefault(name, TokenRate())
-        return rate.update(time.time(), total, at.instance, at.ready_at)
+            return {}
+        if response.status_code != 200:
+            return {}
+        found = gauges(response.text)
+        total = generation_tokens(response.text)
+        if total is not None:
+            rate = self._rates.setdefault(name, TokenRate())
+            tokens = rate.update(time.time(), total, at.instance, at.ready_at)
+            if tokens is not None:
+                found["tokens_per_s"] = tokens
+        return found

@@ -1,7 +1,9 @@
 """The supervisor's own measurements, every couple of seconds, through ``samplers.py``.
 
-CPU / RSS of each running process tree, GPU memory where NVML works, and the generated
-tokens/s of every ready process with a ``metrics_url`` (recorded as ``<name>/tokens_per_s``).
+CPU / RSS of each running process tree, GPU memory where NVML works, and from every ready
+process with a ``metrics_url`` its generated tokens/s (``<name>/tokens_per_s``) and the
+rollout API's gauges (``<name>/queue_groups``, ``time_in_queue_s``, ``served_version``,
+``served_incarnation``: ``samplers.GAUGES``).
 Samples go out as events and as one metrics record of ``"process": "supervisor"``.
 """
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 
 import httpx
-from api_helpers import TRAINER, env_registration, group, markers, start_run
+from api_helpers import TRAINER, ApiServer, env_registration, group, markers, start_run
 
 
 def test_root_and_health(api: httpx.Client) -> None:
@@ -252,6 +253,52 @@ def test_metrics_report_queue_depth_and_per_env_counters(api: httpx.Client) -> N
         assert expected in lines, f"{expected!r} missing from:\n{text}"
 
 
+def gauges(text: str) -> dict[str, float]:
+    """The unlabelled samples of a Prometheus text."""
+    return {
+        name: float(value)
+        for name, value in (line.split() for line in text.splitlines() if line[:1] != "#")
+        if "{" not in name
+    }
+
+
+def test_metrics_report_time_in_queue_and_the_served_version(api: httpx.Client) -> None:
+    start_run(api, toy=4)
+    before = gauges(api.get("/metrics").text)
+    assert "grpo_api_time_in_queue_seconds" not in before  # unknown, not 0
+    assert "grpo_api_served_version" not in before
+    api.post("/scored_data_list", json=[group(1), group(2)])
+    queued = time.monotonic()
+    time.sleep(0.2)
+    assert api.get("/batch").json()["batch"]
+    waited = time.monotonic() - queued
+    api.post("/served-version", json={"version": 7, "incarnation": 2})
+    after = gauges(api.get("/metrics").text)
+    assert 0.2 <= after["grpo_api_time_in_queue_seconds"] <= waited + 0.05
+    assert after["grpo_api_served_version"] == 7
+    assert after["grpo_api_served_incarnation"] == 2
+
+
 def test_no_cors_wildcard(api: httpx.Client) -> None:
     answer = api.get("/status", headers={"Origin": "http://evil.example"})
     assert "access-control-allow-origin" not in answer.headers
+
+
+async def test_the_supervisor_scrapes_queue_time_in_queue_and_served_version(
+    api: httpx.Client, shared_api: ApiServer
+) -> None:
+    """The supervisor's samplers (``samplers.GAUGES``) read the real API's ``/metrics``."""
+    from grpo_tui.supervisor.samplers import Samplers, Scrape
+
+    start_run(api, toy=4)
+    api.post("/scored_data_list", json=[group(i) for i in range(3)])
+    assert api.get("/batch").json()["batch"]
+    api.post("/served-version", json={"version": 3, "incarnation": 1})
+    async with httpx.AsyncClient() as client:
+        _, values = await Samplers(client).sample(
+            {}, {"api": Scrape(f"{shared_api.url}/metrics", instance=1, ready_at=0.0)}
+        )
+    assert values["api/queue_groups"] == 1
+    assert values["api/served_version"] == 3 and values["api/served_incarnation"] == 1
+    assert values["api/time_in_queue_s"] >= 0
+    assert "api/tokens_per_s" not in values

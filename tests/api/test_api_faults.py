@@ -238,3 +238,29 @@ def test_sigterm_stops_cleanly_and_keeps_the_queue(
     with second.client() as client:
         assert markers(client.get("/batch").json()["batch"]) == [1, 2]
         assert client.get("/status").json()["queue_size"] == 1
+
+
+def test_a_queue_written_before_time_in_queue_was_recorded_still_serves(tmp_path: Path) -> None:
+    """A database from an API that did not record arrival times (no ``queued_at``) opens,
+    gets the column, and serves its old groups; only new groups count in time in queue."""
+    from grpo_trainer.api.store import Store
+
+    db = tmp_path / "q.db"
+    with sqlite3.connect(db) as conn:
+        conn.executescript(
+            "CREATE TABLE groups (seq INTEGER PRIMARY KEY AUTOINCREMENT, env_id INTEGER,"
+            " size INTEGER NOT NULL, batch_id TEXT);"
+            "CREATE TABLE payloads (seq INTEGER PRIMARY KEY, body BLOB NOT NULL);"
+            "INSERT INTO groups (env_id, size) VALUES (NULL, 2);"
+            "INSERT INTO payloads VALUES (1, x'7b7d');"
+        )
+    store = Store(str(db))
+    try:
+        delivery = store.take_batch(2, lease=None)
+        assert delivery is not None and delivery.payloads == [b"{}"]
+        assert store.time_in_queue is None
+        store.add_groups([(None, 2, b"{}")])
+        assert store.take_batch(2, lease=None) is not None
+        assert store.time_in_queue is not None and 0 <= store.time_in_queue < 5
+    finally:
+        store.close()
