@@ -146,6 +146,8 @@ class ConsoleReport:
                     f"{event.process} asks: {event.action}{target} "
                     f"{escape(json.dumps(event.args, default=str))}"
                 )
+            case Notice(level="debug"):
+                pass  # recorded in events.jsonl, not for the console
             case Notice():
                 style = LEVEL_STYLES.get(event.level, "")
                 self._line(f"[{style}]{event.level}[/] {escape(event.message)}")

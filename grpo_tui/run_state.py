@@ -260,7 +260,8 @@ class RunState:
                 self.notices.append(event)
                 if event.level in ("warning", "error") and "sync" in event.message.lower():
                     self.sync_failures.append(event.t)
-                self._event_line(event.t, f"[{event.level}] {event.message}")
+                if event.level != "debug":  # recorded, not shown (NVML absent on a CPU box)
+                    self._event_line(event.t, f"[{event.level}] {event.message}")
 
     def _progressed(self, record: MetricsRecord) -> bool:
         """A step record of the stalled process, past the step the stall was reported at."""

@@ -139,7 +139,7 @@ class GpuSample(Event):
 class Notice(Event):
     """A message from the supervisor itself (mode switch progress, run finished, ...)."""
 
-    level: str  # "info" | "warning" | "error"
+    level: str  # "debug" | "info" | "warning" | "error"; debug: recorded, not shown
     message: str
 
 
