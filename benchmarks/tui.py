@@ -37,7 +37,7 @@ import psutil
 import tui_views
 
 SESSION = "grpo-tui-bench"
-DASHBOARD_MARK = "off-policy lag"
+DASHBOARD_MARK = "staleness"
 LOGS_MARK = "trainer  supervisor"
 PRINTER = """
 import sys, time

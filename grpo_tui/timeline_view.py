@@ -30,6 +30,7 @@ PHASE_COLORS: dict[str, str] = {
     "optimizer": "#17becf",
     "resume": "#ff7f0e",
     "transfer": "#d62728",
+    "finish": "#e377c2",
     "wake": "#6fa8ff",
 }
 """One colour per phase, the same in the terminal and in the report's SVG."""

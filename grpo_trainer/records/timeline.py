@@ -34,19 +34,33 @@ PHASES: dict[str, str] = {
     "optimizer": "optimizer",
     "resume": "resume",
     "transfer": "sync transfer",
+    "finish": "sync finish",
     "wake": "wake",
 }
 """Phase name -> label. ``generate``: an environment's completion requests in flight;
 ``room``: an environment waiting for the queue to have room (back-pressure); ``wait``: the
 trainer waiting for its batch; ``sleep`` / ``wake``: inference releasing / taking back the
 device (``colocate``); ``pause`` / ``resume``: generation held around a weight update;
-``transfer``: the rest of a weight sync (the copy, a reload or a restart)."""
-SYNC_PHASES = {"pause": "pause", "resume": "resume", "wake": "wake"}
-"""A strategy's ``SyncResult.phases`` names that are phases of their own; the rest is
-``transfer``."""
+``transfer``: the rest of a weight sync (the copy, a save, a reload or a restart);
+``finish``: the server making what it received its weights (vLLM's
+``/finish_weight_update``)."""
+SYNC_SPLIT = ("wake", "pause", "transfer", "finish", "resume")
+"""The phases a weight sync is split into, in the order they happen."""
 TIMELINE_MB = 64
 
 Span = tuple[str, float, float]
+
+
+def sync_split(sync_time: float, phases: dict[str, float]) -> dict[str, float]:
+    """A sync's seconds by :data:`SYNC_SPLIT` phase, in order: a strategy's own ``wake``,
+    ``pause``, ``finish`` and ``resume`` (``SyncResult.phases``) and ``transfer``, the rest
+    of ``sync_time`` (its other named phases: vLLM's ``start`` and ``transfer``, a save, a
+    load, a push). Phases that took no time are left out, ``transfer`` only when nothing
+    was left for it."""
+    named = {name: phases[name] for name in SYNC_SPLIT if name != "transfer" and name in phases}
+    rest = sync_time - sum(named.values())
+    split = {**named, "transfer": rest} if rest > 0 else named
+    return {name: split[name] for name in SYNC_SPLIT if split.get(name, 0.0) > 0}
 
 
 def merge(spans: list[Span]) -> list[Span]:

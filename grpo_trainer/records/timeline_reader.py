@@ -3,7 +3,8 @@
 A lane is one writer (a process, or one rank of a multi-GPU trainer). Steps are the
 trainer's: step N's window runs from the first to the last span any trainer lane wrote for
 it (its wait for the batch to its sync). :meth:`Timeline.breakdown` says where a step's time
-went on each lane: the seconds of each phase inside the window, and what is left, idle.
+went on each lane: the seconds of each phase inside the window, and what is left, idle;
+the parts add up to the window.
 """
 
 from __future__ import annotations
@@ -135,20 +136,24 @@ class Timeline:
         return (min(starts), max(ends)) if starts else None
 
     def breakdown(self, t0: float, t1: float) -> dict[str, dict[str, float]]:
-        """Seconds of each phase on each lane within ``[t0, t1]`` (a phase's overlapping
-        spans, e.g. an environment's concurrent requests, counted once), and ``idle``: the
-        window's seconds no phase covered."""
+        """Seconds of each phase on each lane within ``[t0, t1]``, and ``idle``: the seconds
+        no phase covered. A breakdown: the parts add up to the window. A phase's overlapping
+        spans (an environment's concurrent requests) count once, and an instant two phases
+        cover (an environment generating while it waits for room in the queue) counts for
+        the first of them in ``PHASES`` order."""
         result: dict[str, dict[str, float]] = {}
         for name, lane in self.lanes.items():
             phase, start, end = lane.window(t0, t1)
             clipped_start, clipped_end = np.maximum(start, t0), np.minimum(end, t1)
             spent = {}
-            for code in np.unique(phase).tolist():
-                mine = phase == code
-                seconds = _union_length(clipped_start[mine], clipped_end[mine])
-                if seconds > 0:
-                    spent[PHASE_NAMES[code]] = seconds
-            busy = _union_length(clipped_start, clipped_end)
+            covered = np.zeros(0, dtype=bool)
+            busy = 0.0
+            for code in np.unique(phase).tolist():  # ascending: PHASES order
+                covered = covered | (phase == code) if len(covered) else phase == code
+                now_busy = _union_length(clipped_start[covered], clipped_end[covered])
+                if now_busy > busy:
+                    spent[PHASE_NAMES[code]] = now_busy - busy
+                busy = now_busy
             spent[IDLE] = max(0.0, (t1 - t0) - busy)
             result[name] = spent
         return result

@@ -41,7 +41,7 @@ from transformers import PreTrainedTokenizerBase
 from grpo_trainer.live_edits import EditWatcher
 from grpo_trainer.ranks.group import Dist, rank_slice
 from grpo_trainer.ranks.mirror import Consolidator
-from grpo_trainer.records.timeline import SYNC_PHASES
+from grpo_trainer.records.timeline import sync_split
 from grpo_trainer.run_notices import ModeSwitch
 from grpo_trainer.sync.base import WeightSync
 from grpo_trainer.train.api_client import LeasedBatch
@@ -67,6 +67,8 @@ from grpo_trainer.train.weight_path import SyncLagExceeded, WeightPath
 
 READY_LINE = "grpo-trainer ready"
 """Printed once the data source is connected (the supervisor's log_line readiness probe)."""
+SPLIT_PREFIX = "sync/split/"
+"""A sync's seconds by phase (``sync_split``): ``sync/split/pause_s`` ... ``resume_s``."""
 
 
 class Trainer:
@@ -224,21 +226,16 @@ class Trainer:
         return nullcontext() if self.recorder is None else self.recorder.span(phase)
 
     def _record_sync(self, start: float, metrics: dict[str, float]) -> None:
-        """The sync as timeline spans: the strategy's own phases (``sync/<phase>_time``:
-        pause, resume, wake) laid end to end in the order it reports them, the rest of
-        ``sync_time`` as ``transfer``."""
-        if self.recorder is None or "sync_time" not in metrics:
+        """The sync as timeline spans: its split (``sync/split/<phase>_s``: wake, pause,
+        transfer, finish, resume) laid end to end in that order."""
+        if self.recorder is None:
             return
         at = start
         for key, seconds in metrics.items():
-            if key.startswith("sync/") and key.endswith("_time"):
-                phase = SYNC_PHASES.get(key.removeprefix("sync/").removesuffix("_time"))
-                if phase is not None:
-                    self.recorder.timeline.add(phase, at, at + seconds)
-                    at += seconds
-        rest = metrics["sync_time"] - (at - start)
-        if rest > 0:
-            self.recorder.timeline.add("transfer", at, at + rest)
+            if key.startswith(SPLIT_PREFIX):
+                phase = key.removeprefix(SPLIT_PREFIX).removesuffix("_s")
+                self.recorder.timeline.add(phase, at, at + seconds)
+                at += seconds
 
     def apply_edits(self) -> None:
         """Take the run's live edits (``grpo_trainer.live_edits``) from this step on.
@@ -397,6 +394,8 @@ class Trainer:
             if result is not None:
                 metrics["sync_time"] = result.sync_time
                 metrics |= {f"sync/{name}_time": t for name, t in result.phases.items()}
+                split = sync_split(result.sync_time, result.phases)
+                metrics |= {f"{SPLIT_PREFIX}{name}_s": t for name, t in split.items()}
         stale = self.step - self.last_synced_step
         if stale > self.config.max_sync_lag:
             raise SyncLagExceeded(

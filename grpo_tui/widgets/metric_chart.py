@@ -21,6 +21,7 @@ from textual.containers import Vertical
 from textual_hires_canvas import Canvas
 from textual_plot import HiResMode, NumericAxisFormatter, PlotWidget
 
+from grpo_trainer.records.timeline import SYNC_SPLIT
 from grpo_trainer.train.phases import PHASES
 from grpo_tui.alerts import (
     ALIGNMENT_DIFF_MAX,
@@ -259,7 +260,13 @@ DASHBOARD_CHARTS: tuple[ChartSpec, ...] = (
         "staleness",
         prefixes=("staleness/lag", "staleness/negative"),
     ),
-    ChartSpec("off_policy_lag", "off-policy lag", names=("off_policy_lag",)),
+    ChartSpec(
+        "queue",
+        "queue",
+        names=("api/queue_groups", "api/time_in_queue_s"),
+        labels=(("api/queue_groups", "groups"), ("api/time_in_queue_s", "waited s")),
+        x="time",
+    ),
     ChartSpec(
         "throughput",
         "tok/s",
@@ -277,7 +284,15 @@ DASHBOARD_CHARTS: tuple[ChartSpec, ...] = (
         fallback_title="RSS",
         fallback_unit="MB",
     ),
-    ChartSpec("sync_time", "sync s", names=("sync_time",)),
+    ChartSpec(
+        "sync_time",
+        "sync s",
+        names=("sync_time", *(f"sync/split/{phase}_s" for phase in SYNC_SPLIT)),
+        labels=(
+            ("sync_time", "total"),
+            *((f"sync/split/{phase}_s", phase[:5]) for phase in SYNC_SPLIT),
+        ),
+    ),
     ChartSpec(
         "phases",
         "step s",
@@ -286,5 +301,8 @@ DASHBOARD_CHARTS: tuple[ChartSpec, ...] = (
     ),
 )
 """The dashboard's chart grid, in reading order. ``staleness``: the share of each step's
-sequences by lag (0, 1, 2, 3, 4+, negative); ``step s``: the step's seconds in each of the
-trainer device's phases."""
+sequences by lag (0, 1, 2, 3, 4+, negative: the mean lag, ``off_policy_lag``, is its
+average); ``queue``: the groups waiting in the rollout API and how long the last batch's
+groups waited (scraped from its ``/metrics``); ``sync s``: each sync's seconds, in total
+and by phase (``sync/split/<phase>_s``: wake, pause, transfer, finish, resume); ``step s``:
+the step's seconds in each of the trainer device's phases."""

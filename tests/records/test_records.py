@@ -18,7 +18,7 @@ from grpo_trainer.records.rollout_reader import RecordGone, RolloutIndex
 from grpo_trainer.records.rollout_writer import RolloutWriter
 from grpo_trainer.records.rollouts import INDEX_DTYPE, NO_LAG, GroupParts, decode, encode, k3
 from grpo_trainer.records.segments import list_segments
-from grpo_trainer.records.timeline import SpanRecorder, merge
+from grpo_trainer.records.timeline import SpanRecorder, merge, sync_split
 from grpo_trainer.records.timeline_reader import IDLE, Timeline
 
 
@@ -285,3 +285,37 @@ def test_timeline_lines_merge_overlaps_and_break_a_step_down(tmp_path: Path) -> 
     with partial.open("a") as handle:
         handle.write(", 301]]}\n")
     assert timeline.poll() == 1 and timeline.steps() == [1, 2, 3]
+
+
+def test_a_sync_split_names_pause_transfer_finish_resume_in_order() -> None:
+    """vLLM's phases (``vllm_shared.py``), a save and a load (``none``), a wake and a push
+    (``colocate``), and nothing named: the rest of the sync is its transfer."""
+    vllm = {"pause": 0.1, "start": 0.05, "transfer": 1.0, "finish": 0.2, "resume": 0.1}
+    assert sync_split(1.5, vllm) == pytest.approx(
+        {"pause": 0.1, "transfer": 1.1, "finish": 0.2, "resume": 0.1}
+    )
+    assert list(sync_split(1.5, vllm)) == ["pause", "transfer", "finish", "resume"]
+    assert sync_split(2.0, {"save": 0.5, "load": 1.5}) == {"transfer": 2.0}
+    assert list(sync_split(1.0, {"wake": 0.4, "push": 0.5})) == ["wake", "transfer"]
+    assert sync_split(0.25, {}) == {"transfer": 0.25}
+    assert sync_split(0.0, {}) == {}
+
+
+def test_a_breakdown_adds_up_to_its_window_when_phases_overlap(tmp_path: Path) -> None:
+    """An environment generating while it waits for room (the two overlap) gave
+    "generation 88% queue full 27% idle 0%": each instant now counts once, for the first
+    phase in PHASES order that covers it."""
+    background = BackgroundWriter("t")
+    trainer = SpanRecorder(tmp_path, "trainer", "trainer", background)
+    env = SpanRecorder(tmp_path, "env", "env", background)
+    trainer.add("wait", 0.0, 10.0)
+    trainer.flush(1)
+    for phase, start, end in (("generate", 0, 8), ("room", 2, 5), ("room", 7, 9.5)):
+        env.add(phase, start, end)
+    env.flush(1, merged=True)
+    background.close()
+    timeline = Timeline(tmp_path)
+    timeline.poll()
+    spent = timeline.breakdown(0.0, 10.0)["env"]
+    assert spent == pytest.approx({"generate": 8.0, "room": 1.5, IDLE: 0.5})
+    assert sum(spent.values()) == pytest.approx(10.0)

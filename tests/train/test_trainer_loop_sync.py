@@ -22,6 +22,7 @@ from train_helpers import (
 )
 
 from grpo_trainer.models import load_model, load_tokenizer
+from grpo_trainer.records.timeline_reader import PHASE_NAMES
 from grpo_trainer.sync.base import SyncContext, SyncResult, WeightSync
 from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.loop import SyncLagExceeded, Trainer
@@ -170,3 +171,47 @@ def test_sigterm_finishes_the_step_checkpoints_and_exits_0(setup, tmp_path: Path
     assert proc.returncode == 0, out
     assert "trainer stopped at step 2 of 6" in out
     assert resolve_resume(tmp_path / "ckpt", "none").step == 2
+
+
+class PhasedSync(RecordingSync):
+    """A sync that reports vLLM's phases (``vllm_shared.py``): pause, start, transfer,
+    finish, resume."""
+
+    def sync(self, model: nn.Module, step: int) -> SyncResult:
+        phases = {"pause": 0.01, "start": 0.02, "transfer": 0.2, "finish": 0.03, "resume": 0.04}
+        return SyncResult(sync_time=0.35, policy_version=step, phases=phases)
+
+
+def test_a_sync_is_split_into_its_phases_in_metrics_and_timeline(setup, tmp_path: Path) -> None:
+    """``sync/split/<phase>_s``: pause, transfer (vLLM's start + transfer + the unnamed
+    rest), finish, resume; the timeline lays them end to end in that order."""
+    from grpo_trainer.records.timeline_reader import Timeline
+    from grpo_trainer.train.recording import StepRecorder
+
+    model, _ = setup
+    run = tmp_path / "run"
+    recorder = StepRecorder(run, "trainer", load_tokenizer(model).decode, max_mb=16, every=0)
+    trainer = make_trainer(setup, tmp_path, PhasedSync(), training_steps=2, sync_every=1)
+    trainer.recorder = recorder
+    trainer.run()
+    recorder.close()
+    data = trainer.reporter.records[-1][1]
+    split = {k: v for k, v in data.items() if k.startswith("sync/split/")}
+    assert split == pytest.approx(
+        {
+            "sync/split/pause_s": 0.01,
+            "sync/split/transfer_s": 0.27,
+            "sync/split/finish_s": 0.03,
+            "sync/split/resume_s": 0.04,
+        }
+    )
+    assert list(split) == [f"sync/split/{p}_s" for p in ("pause", "transfer", "finish", "resume")]
+    timeline = Timeline(run)
+    timeline.poll()
+    phase, start, end, step = timeline.lanes["trainer"].arrays()
+    last = step == 2
+    names = [PHASE_NAMES[p] for p in phase[last].tolist()]
+    assert names[-4:] == ["pause", "transfer", "finish", "resume"]
+    ends, starts = end[last][-4:], start[last][-4:]
+    assert ends - starts == pytest.approx([0.01, 0.27, 0.03, 0.04])
+    assert starts[1:] == pytest.approx(ends[:-1])  # end to end
