@@ -8,12 +8,11 @@ reply's ``result``; an exception is the reply's ``error``.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from grpo_tui.supervisor.supervisor import Supervisor
+from grpo_tui.supervisor.lifecycle import ProcessStatus
 
 
 @dataclass(frozen=True)
@@ -50,7 +49,26 @@ class RequestHandlers:
         return await handler(ControlRequest(requester, action, target, args))
 
 
-def process_operations(sup: Supervisor) -> dict[str, RequestHandler]:
+class Operations(Protocol):
+    """What the supervisor's own requests act on (``Supervisor``)."""
+
+    @property
+    def names(self) -> tuple[str, ...]: ...
+
+    def by_role(self, role: str) -> str: ...
+
+    def status(self) -> dict[str, ProcessStatus]: ...
+
+    async def restart(self, name: str, *, args: Mapping[str, Any] | None = None) -> None: ...
+
+    async def stop(self, name: str) -> None: ...
+
+    async def start(self, name: str) -> None: ...
+
+    async def kill(self, name: str) -> None: ...
+
+
+def process_operations(sup: Operations) -> dict[str, RequestHandler]:
     """The supervisor's own actions: ``status`` of all, operations on one process."""
 
     async def status(request: ControlRequest) -> dict[str, Any]:
