@@ -206,8 +206,8 @@ class ConsoleReport:
     def _probe(self, event: ProbeResult) -> None:
         key = (event.process, event.probe)
         if event.ok:
-            if self._probe_failing.pop(key, None) is not None and event.probe == "liveness":
-                self._line(f"{event.process} liveness probe ok again")
+            if self._probe_failing.pop(key, None) is not None and event.probe != "readiness":
+                self._line(f"{event.process} {event.probe} probe ok again")
             return
         if self._probe_failing.get(key) == event.message:
             return
@@ -216,7 +216,8 @@ class ConsoleReport:
             self._line(f"[dim]{event.process} not ready yet: {escape(event.message)}[/]")
         else:
             self._line(
-                f"{event.process} [bold red]liveness probe failing[/]: {escape(event.message)}"
+                f"{event.process} [bold red]{event.probe} probe failing[/]: "
+                f"{escape(event.message)}"
             )
 
     def _logs(self, event: LogBatch) -> None:

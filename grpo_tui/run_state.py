@@ -209,6 +209,8 @@ class RunState:
             case StateChanged():
                 row = self.process(event.process)
                 row.state = event.new
+                if event.new not in LIVE_STATES:
+                    row.health = None  # stopping, stopped, ended: nothing probes it
                 if event.pid is not None:
                     row.pid = event.pid
                 if event.new in (State.STARTING, State.RUNNING) and event.old not in LIVE_STATES:
@@ -231,11 +233,11 @@ class RunState:
                 )
             case ProbeResult():
                 # a readiness probe failing while a process starts is expected: only a
-                # failing liveness probe makes a row unhealthy and an event line
+                # failing liveness or progress probe makes a row unhealthy and an event line
                 row = self.process(event.process)
                 if event.ok:
                     row.health = "ok"
-                elif event.probe == "liveness":
+                elif event.probe != "readiness":
                     row.health = "failing"
                     self._event_line(
                         event.t, f"{event.process}: {event.probe} probe failed: {event.message}"

@@ -13,18 +13,19 @@ from typing import Any
 
 
 class State(StrEnum):
-    """Life-cycle of one supervised process."""
+    """Life-cycle of one supervised process: its one state value. The changes a life may
+    make between them are the table in ``transitions.py``."""
 
-    PENDING = "pending"  # not started, dependencies not met yet
-    STARTING = "starting"  # spawned, readiness probe not yet passed
-    RUNNING = "running"  # spawned, no readiness probe configured
+    PENDING = "pending"  # started, not spawned yet (waiting for its dependencies)
+    STARTING = "starting"  # spawned; its start gate or readiness probe not yet passed
+    RUNNING = "running"  # spawned and past its gate; no readiness probe configured
     READY = "ready"  # readiness probe passed (the dependency condition process_healthy)
-    UNHEALTHY = "unhealthy"  # liveness probe failing, not yet restarted
-    STOPPING = "stopping"  # shutdown signal sent, waiting for the group to exit
-    BACKOFF = "backoff"  # exited, waiting to restart
+    UNHEALTHY = "unhealthy"  # a liveness or progress probe failed; being stopped to restart
+    STOPPING = "stopping"  # a stop was asked; its process is being stopped
+    BACKOFF = "backoff"  # ended or could not spawn; waiting to restart
     COMPLETED = "completed"  # exited 0 and will not restart
     STOPPED = "stopped"  # stopped on request
-    FAILED = "failed"  # exited non-zero / could not start, no restart left
+    FAILED = "failed"  # failed for good: no restart left, or none would help
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,7 +69,7 @@ class ProcessPlanned(Event):
 @dataclass(frozen=True, kw_only=True)
 class ProbeResult(Event):
     process: str
-    probe: str  # "readiness" | "liveness"
+    probe: str  # "readiness" | "liveness" | "progress"
     ok: bool
     message: str = ""
 

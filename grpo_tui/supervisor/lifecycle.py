@@ -1,25 +1,29 @@
-"""One process's life: wait for its dependencies, spawn, probe, wait, apply the restart policy.
+"""One process's life: a state machine driven by one task.
 
-Each process has one life task. It waits for its dependencies (event-driven: every state
-change wakes the waiters, no polling), spawns the child, runs its probes, waits for it to end
-and applies the restart policy. Operations set the wish (``stop_requested``, ``wake``) and
-let the task act on it, so that one place decides what a process does. What the task needs
-from the supervisor around it (publishing, spawning with the run's environment, the HTTP
-client of the probes, run-end accounting) comes in :class:`Hooks`.
+A life has one state (``events.State``) and changes it only through
+:meth:`ProcessLife.transition`, checked against the table in ``transitions.py``. Its task
+waits for the dependencies (event-driven: every state change wakes the waiters, no
+polling), spawns the child (or adopts its standby), opens its start gate, runs its probes,
+waits for it to end and applies the restart policy. An operation changes the state only to
+ask: a start (an ended state -> PENDING, a new task) or a stop (-> STOPPING); the task acts
+on a stop at its next step (it looks at the state after each of its waits), stops the
+probes, then the child, and ends in STOPPED. So one place decides what a process does, and
+nothing else is state: the restart counters are counters, kept here.
+
+What the task needs from the supervisor around it (publishing, spawning with the run's
+environment, probing, the time, run-end accounting) comes in :class:`Hooks`, so that a test
+drives a life with a fake spawn and a fake clock (``tests/supervisor/fakes.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import httpx
-
 from grpo_tui.supervisor import probes
+from grpo_tui.supervisor.clock import WALL, Clock
 from grpo_tui.supervisor.events import (
     Event,
     Notice,
@@ -31,12 +35,14 @@ from grpo_tui.supervisor.events import (
 )
 from grpo_tui.supervisor.logs import OutputSink
 from grpo_tui.supervisor.ports import find_port_holder
-from grpo_tui.supervisor.process import ChildProcess, SpawnError, describe_exit
+from grpo_tui.supervisor.process import Child, SpawnError, describe_exit
 from grpo_tui.supervisor.spec import Condition, ProcessSpec
 from grpo_tui.supervisor.standby import Spawn, Standby
 from grpo_tui.supervisor.steps import job_trouble
+from grpo_tui.supervisor.transitions import ALIVE, EDGES, ENDED, check
 
-ALIVE = {State.STARTING, State.RUNNING, State.READY, State.UNHEALTHY}
+PROBED = frozenset({State.RUNNING, State.READY})
+"""States whose probe results tell the process's health (not one being stopped)."""
 
 
 @dataclass(frozen=True)
@@ -51,10 +57,20 @@ class ProcessStatus:
     restarts: int
     port: int | None
     health: str | None
+    """``ok`` or ``failing`` by its last liveness or progress probe while it runs; None
+    when nothing tells (no probe result yet, or it is not running: stopping, stopped)."""
     exit_code: int | None
     last_reason: str
     incarnation: int
     """How many times it became ready in this run: the number of the ready one."""
+
+
+def port_held(spec: ProcessSpec) -> str | None:
+    """Why ``spec`` cannot start at all: its port is held (by whom), or None."""
+    if spec.port is None:
+        return None
+    holder = find_port_holder(spec.port)
+    return holder.describe() if holder is not None else None
 
 
 @dataclass(frozen=True)
@@ -67,13 +83,41 @@ class Hooks:
     spawn: Spawn
     """``ChildProcess.spawn`` with the run's environment and the watchdog's announcements
     (the third argument: a tag other than the spec's name, for a standby)."""
-    client: Callable[[], asyncio.Future[httpx.AsyncClient]]
+    prober: probes.Prober
     flush_logs: Callable[[], None]
     changed: Callable[[ProcessLife], None]
     """Called after every state change (run-end accounting)."""
     peer: Callable[[str], ProcessLife]
     refresh: Callable[[str], ProcessSpec] | None
     """The newest spec of a process before a crash restart (None: keep the last)."""
+    preflight: Callable[[ProcessSpec], str | None] = port_held
+    """Why a spec cannot start at all, which no retry mends (None: it may)."""
+    clock: Clock = WALL
+
+
+@dataclass(frozen=True)
+class Ended:
+    """How an incarnation ended, for the restart policy."""
+
+    code: int | None
+    """Its exit code; None when it could not be spawned."""
+    reason: str
+    lasted: float
+    unhealthy: bool = False
+    """A probe failed and it was stopped for it: a failure whatever its exit code."""
+    lost: str | None = None
+    """Why its Slurm job can run it no more (a node lost): not worth a restart."""
+
+
+async def until(predicate: Callable[[], bool], *lives: ProcessLife) -> None:
+    """Wait until ``predicate()`` holds, re-checking on each state change of ``lives``."""
+    while not predicate():
+        waiters = [asyncio.ensure_future(life.changed.wait()) for life in lives]
+        try:
+            await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
 
 
 class ProcessLife:
@@ -84,20 +128,19 @@ class ProcessLife:
         self.sink = sink
         self.hooks = hooks
         self.state = State.PENDING
-        self.child: ChildProcess | None = None
+        self.child: Child | None = None
         self.task: asyncio.Task[None] | None = None
         self.restarts = 0
-        self.attempt = 0
+        """Restarts by the restart policy in this run (never reset)."""
+        self._attempts = 0
+        """Restarts since the last start asked for or the last run of ``reset_after`` s:
+        what ``max_restarts`` caps."""
         self.started_at: float | None = None
         self.ready_at = 0.0  # when it last became ready (its counters start before)
         self.incarnation = 0  # how many times it became ready
         self.exit_code: int | None = None
         self.last_reason = ""
         self.health: str | None = None
-        self.gave_up = False
-        self.lost: str | None = None  # why its Slurm job can run it no more
-        self.stop_requested = False
-        self.wake = asyncio.Event()
         self.changed = asyncio.Event()
         self.lock = asyncio.Lock()  # one start/stop/restart at a time
         log = sink.file.path.with_name(f"{spec.name}.standby.log")
@@ -120,14 +163,13 @@ class ProcessLife:
 
     @property
     def active(self) -> bool:
-        """Its life task has not ended (waiting, running or in backoff)."""
+        """Its life task has not ended (waiting, running, in backoff, or tidying up)."""
         return self.task is not None and not self.task.done()
 
     @property
-    def ending(self) -> bool:
-        """Its life is over (failed for good or completed) and its task only tidies up
-        (stops its standby): a start must wait for that, not take it for a live one."""
-        return self.active and (self.gave_up or self.state == State.COMPLETED)
+    def stopping(self) -> bool:
+        """A stop was asked and the life has not ended yet."""
+        return self.state is State.STOPPING
 
     def status(self) -> ProcessStatus:
         child = self.child
@@ -148,39 +190,37 @@ class ProcessLife:
     # ------------------------------------------------------------------ operations
 
     def launch(self) -> None:
-        """Start the life task afresh (PENDING, then waiting for the dependencies)."""
-        self.stop_requested = False
-        self.gave_up = False
-        self.lost = None
-        self.wake = asyncio.Event()
-        if self.state != State.PENDING:
-            self.set_state(State.PENDING, reason="start requested")
+        """Start the life task afresh: PENDING, then waiting for the dependencies. A start
+        asked for gets the whole ``max_restarts`` again."""
+        if self.active:
+            raise RuntimeError(f"{self.name}: its life task still runs")
+        if self.state is not State.PENDING:
+            self.transition(State.PENDING, reason="start requested")
+        self._attempts = 0
         self.task = asyncio.create_task(self._life(), name=f"life:{self.name}")
 
     async def stop(self, *, keep_standby: bool = False) -> None:
-        """Shutdown signal, timeout, SIGKILL, confirm; with the operation lock held. Its
-        standby is stopped too unless ``keep_standby`` (a restart, which adopts it)."""
-        self.stop_requested = True
-        self.wake.set()
-        child = self.child
-        if child is not None and child.returncode is None and self.state in ALIVE:
-            self.set_state(State.STOPPING, reason="stop requested")
-            survivors = await child.stop(self.spec.shutdown.signum, self.spec.shutdown.timeout)
-            self.report_survivors(survivors)
-        if self.task is not None:
+        """Ask for a stop (STOPPING) and return once the life is STOPPED: its task stops
+        the probes, then the process (shutdown signal, timeout, SIGKILL, confirm). A life
+        that has ended stays as it is. Its standby is stopped too unless ``keep_standby``
+        (a restart, which adopts it)."""
+        if self.state not in ENDED and not self.stopping:
+            self.transition(State.STOPPING, reason="stop requested")
+        if self.task is not None and self.active:
             await asyncio.shield(self.task)
-        if self.state not in (State.COMPLETED, State.FAILED, State.STOPPED):
-            self.set_state(State.STOPPED, reason="stopped on request")
+        if self.stopping:  # no task ran to end it (never launched, or it ended as the run closed)
+            self.transition(State.STOPPED, reason="stopped on request")
         if not keep_standby:
             await self.standby.discard()
 
     async def kill_now(self) -> None:
-        """SIGKILL the process and its descendants without waiting for the lock."""
-        self.stop_requested = True
-        self.wake.set()
-        if self.child is not None and self.child.returncode is None:
-            self.set_state(State.STOPPING, reason="kill requested")
-            self.report_survivors(await self.child.kill())
+        """SIGKILL the process and its descendants without waiting for the lock; the life
+        ends in STOPPED (``Supervisor.kill`` waits for that with a stop)."""
+        if self.state not in ENDED and not self.stopping:
+            self.transition(State.STOPPING, reason="kill requested")
+        child = self.child
+        if child is not None and child.returncode is None:
+            self._report_survivors(await child.kill())
         await self.standby.discard(signal.SIGKILL)
 
     def replace_spec(self, spec: ProcessSpec) -> None:
@@ -189,62 +229,79 @@ class ProcessLife:
             self.hooks.publish(planned(spec))
         self.spec = spec
 
-    async def until(self, predicate: Callable[[], bool], also: asyncio.Event | None = None) -> None:
+    async def until(self, predicate: Callable[[], bool], *others: ProcessLife) -> None:
         """Wait until ``predicate()`` holds, re-checking on each state change of this
-        process (and when ``also`` is set)."""
-        while not predicate():
-            waiters = {asyncio.ensure_future(self.changed.wait())}
-            if also is not None:
-                waiters.add(asyncio.ensure_future(also.wait()))
-            try:
-                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                for waiter in waiters:
-                    waiter.cancel()
+        process (and of ``others``)."""
+        await until(predicate, self, *others)
 
     # ------------------------------------------------------------------- the task
 
     async def _life(self) -> None:
         try:
             await self._live()
+        except Exception as exc:  # a bug here: said, and the process is not left running
+            self._notice(f"its life ended on an internal error: {exc!r}", "error")
+            if self.child is not None and self.child.returncode is None:
+                self._report_survivors(await self.child.kill())
+            if State.FAILED in EDGES[self.state]:
+                self.transition(State.FAILED, reason=f"internal error: {exc!r}")
         finally:
-            if self.gave_up or self.state == State.COMPLETED:
+            if self.stopping:
+                self.transition(State.STOPPED, reason="stopped on request")
+            elif self.state in (State.FAILED, State.COMPLETED):
                 await self.standby.discard()  # nothing will start it any more
 
     async def _live(self) -> None:
         if not self.spec.prestart and not await self._dependencies_met():
             return
-        while not self.stop_requested and not self.hooks.closing():
-            code, reason, lasted = await self._run_once()
-            if self.stop_requested or self.gave_up:
+        while not self.hooks.closing():
+            ended = await self._incarnation()
+            if ended is None:  # a stop asked, or failed for good
                 return
-            if self.lost is not None:
-                self._give_up(f"{reason}; {self.lost}: not restarted", code)
+            delay = self._apply_policy(ended)
+            if delay is None or not await self._back_off(delay):
                 return
-            policy = self.spec.restart
-            if lasted >= policy.reset_after:
-                self.attempt = 0
-            if code == 0 and policy.policy != "always":
-                self.set_state(State.COMPLETED, reason=reason, exit_code=0)
-                return
-            if policy.policy == "no" or (code == 0 and policy.policy == "on_failure"):
-                self._give_up(reason, code)
-                return
-            if self.attempt >= policy.max_restarts:
-                self._give_up(f"{reason}; gave up after {self.attempt} restarts", code)
-                return
-            delay = policy.delay(self.attempt)
-            self.attempt += 1
-            self.restarts += 1
-            self.hooks.publish(
-                Restarting(process=self.name, attempt=self.attempt, delay=delay, reason=reason)
-            )
-            self.set_state(State.BACKOFF, reason=f"{reason}; restart in {delay:g} s")
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(delay):
-                    await self.wake.wait()
-            if not self.stop_requested and not self.hooks.closing():
+            if not self.hooks.closing():
                 self._refresh_spec()
+
+    def _apply_policy(self, ended: Ended) -> float | None:
+        """The restart policy on an incarnation's end: the backoff before the next one
+        (BACKOFF, with a ``Restarting`` event), or None where the life ends (COMPLETED or
+        FAILED)."""
+        policy = self.spec.restart
+        if ended.lost is not None:
+            reason = f"{ended.reason}; {ended.lost}: not restarted"
+            self.transition(State.FAILED, reason=reason, exit_code=ended.code)
+            return None
+        if ended.lasted >= policy.reset_after:
+            self._attempts = 0
+        if ended.code == 0 and not ended.unhealthy and policy.policy != "always":
+            self.transition(State.COMPLETED, reason=ended.reason, exit_code=0)
+            return None
+        if policy.policy == "no":
+            self.transition(State.FAILED, reason=ended.reason, exit_code=ended.code)
+            return None
+        if self._attempts >= policy.max_restarts:
+            reason = f"{ended.reason}; gave up after {self._attempts} restarts"
+            self.transition(State.FAILED, reason=reason, exit_code=ended.code)
+            return None
+        delay = policy.delay(self._attempts)
+        self._attempts += 1
+        self.restarts += 1
+        self.hooks.publish(
+            Restarting(process=self.name, attempt=self._attempts, delay=delay, reason=ended.reason)
+        )
+        self.transition(State.BACKOFF, reason=f"{ended.reason}; restart in {delay:g} s")
+        return delay
+
+    async def _back_off(self, delay: float) -> bool:
+        """Wait ``delay`` seconds; False when a stop was asked meanwhile."""
+        sleeping = asyncio.ensure_future(self.hooks.clock.sleep(delay))
+        try:
+            await self._first(sleeping)
+        finally:
+            sleeping.cancel()
+        return not self.stopping
 
     def _refresh_spec(self) -> None:
         """Before a crash restart: the newest spec (e.g. a server on the latest adapter);
@@ -258,40 +315,49 @@ class ProcessLife:
             return
         self.replace_spec(spec)
 
-    def _give_up(self, reason: str, code: int | None) -> None:
-        self.gave_up = True
-        self.set_state(State.FAILED, reason=reason, exit_code=code)
+    async def _first(self, *waits: asyncio.Future[object]) -> None:
+        """Wait until one of ``waits`` is done or a stop is asked."""
+        stop = asyncio.ensure_future(self.until(lambda: self.stopping))
+        try:
+            await asyncio.wait({*waits, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
 
     async def _dependencies_met(self) -> bool:
-        """Wait for every dependency's condition; False (and FAILED) if one fails for good."""
+        """Wait for every dependency's condition; False when a stop came first or one
+        failed for good (then FAILED)."""
         failed = await self._failed_dependency()
+        if self.stopping:
+            return False
         if failed:
-            self._give_up(failed, None)
-        return not failed and not self.stop_requested
+            self.transition(State.FAILED, reason=failed)
+        return not failed
 
     async def _failed_dependency(self) -> str:
-        """Wait for every dependency's condition (or a stop request); the reason one failed
+        """Wait for every dependency's condition (or a stop asked); the reason one failed
         for good, else ''."""
         for dep_name, dependency in self.spec.depends_on.items():
             dep = self.hooks.peer(dep_name)
             cond = dependency.condition
 
             def settled(dep: ProcessLife = dep, cond: Condition = cond) -> bool:
-                return condition_met(dep, cond) or dep.gave_up or self.stop_requested
+                return condition_met(dep, cond) or dep.state is State.FAILED or self.stopping
 
-            await dep.until(settled, also=self.wake)
-            if self.stop_requested:
+            await until(settled, dep, self)
+            if self.stopping:
                 return ""
             if not condition_met(dep, cond):
                 return f"dependency {dep_name} failed: {dep.last_reason}"
         return ""
 
-    async def _run_once(self) -> tuple[int | None, str, float]:
-        """One incarnation: preflight, spawn, probe, wait. (exit code, reason, seconds run)."""
+    async def _incarnation(self) -> Ended | None:
+        """One incarnation: preflight, spawn (or adopt the standby), start gate, probes,
+        wait. How it ended, for the restart policy; None where the life ends here (a stop
+        asked: STOPPING; or failed for good: FAILED)."""
         spec = self.spec
-        if spec.port is not None and (holder := find_port_holder(spec.port)) is not None:
-            self._give_up(f"{holder.describe()}: not retried", None)  # it will not leave
-            return None, holder.describe(), 0.0
+        if (held := self.hooks.preflight(spec)) is not None:
+            self.transition(State.FAILED, reason=f"{held}: not retried")  # it will not leave
+            return None
         matcher = None
         if spec.readiness is not None and spec.readiness.kind == "log_line":
             matcher = probes.LogMatcher(spec.readiness.pattern)
@@ -304,109 +370,171 @@ class ProcessLife:
             try:
                 child = await self.hooks.spawn(spec, self.sink, None)
             except SpawnError as exc:
+                if self.stopping:
+                    return None
                 if exc.permanent:
-                    self._give_up(f"{exc.reason}: not retried", None)
-                else:
-                    self.set_state(State.FAILED, reason=exc.reason)
-                return None, exc.reason, 0.0
-            exited, command = asyncio.create_task(child.wait()), None
+                    self.transition(State.FAILED, reason=f"{exc.reason}: not retried")
+                    return None
+                return Ended(None, exc.reason, 0.0)
+            exited, command = asyncio.ensure_future(child.wait()), None
         self.child = child
-        self.started_at = child.started_at
-        if self.stop_requested:
-            await child.stop(spec.shutdown.signum, spec.shutdown.timeout)
+        self.started_at = self.hooks.clock.now()
         self.health = None
-        first = State.STARTING if spec.readiness is not None else State.RUNNING
-        self.set_state(first, pid=child.pid, reason="standby" if adopted else "spawned")
-        if spec.prestart and not await self._gate_opened(child, exited, command):
-            code = await exited
-            self.sink.on_line = None
-            self.exit_code = code
-            self.hooks.flush_logs()
-            asked = self.gave_up or self.stop_requested  # else it exited on its own
-            reason = self.last_reason if asked else describe_exit(code)
-            return code, reason, time.time() - child.started_at
+        if self.stopping:
+            await self._end(child, exited)
+            return None
+        gated = spec.prestart
+        first = State.STARTING if gated or spec.readiness is not None else State.RUNNING
+        self.transition(first, pid=child.pid, reason="standby" if adopted else "spawned")
+        if gated:
+            deps = asyncio.ensure_future(self._failed_dependency())
+            try:
+                await self._first(exited, deps)
+            finally:
+                deps.cancel()
+            if self.stopping:
+                await self._end(child, exited)
+                return None
+            if exited.done():
+                return await self._exited(child, exited)
+            if failed := deps.result():
+                await self._end(child, exited)
+                if not self.stopping:
+                    self.transition(State.FAILED, reason=failed)
+                return None
+            await child.open_gate(command)
+            if spec.readiness is None and not self.stopping:
+                self.transition(State.RUNNING, reason="start gate opened")
         if adopted:  # a restart: the next may come soon, so its standby imports meanwhile
             self._keep_standby()
-        watcher = asyncio.create_task(self._watch_probes(matcher))
-        await asyncio.wait({exited, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        reason = ""
-        if watcher.done() and not exited.done():
-            reason = f"liveness probe failed: {watcher.result()}"
-            self.set_state(State.UNHEALTHY, reason=reason)
-            if not self.stop_requested:
-                self.set_state(State.STOPPING, reason="restarting: liveness failed")
-                survivors = await child.stop(spec.shutdown.signum, spec.shutdown.timeout)
-                self.report_survivors(survivors)
-        watcher.cancel()
-        code = await exited
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
-        self.sink.on_line = None
-        self.exit_code = code
-        if spec.slurm_step is not None and not self.stop_requested:
+        return await self._supervise(child, exited, matcher)
+
+    async def _supervise(
+        self, child: Child, exited: asyncio.Future[int], matcher: probes.LogMatcher | None
+    ) -> Ended | None:
+        """Run the probes until the child exits, a probe fails or a stop is asked: the
+        readiness probe while STARTING (READY once it passes), then liveness and progress
+        side by side. The probes stop as a stop begins, before the child is stopped: a
+        process stopped cleanly never shows a failing probe."""
+        if self.state is State.STARTING:
+            watch = asyncio.ensure_future(self._wait_ready(matcher))
+        else:
+            self._keep_standby()  # (a first start's waits until here: no competing imports)
+            watch = asyncio.ensure_future(self._watch_health())
+        try:
+            while True:
+                await self._first(exited, watch)
+                if self.stopping or exited.done():
+                    break
+                if self.state is State.STARTING:
+                    watch.result()
+                    self.health = "ok"
+                    self.transition(State.READY, reason="readiness probe passed")
+                    self._keep_standby()
+                    watch = asyncio.ensure_future(self._watch_health())
+                    continue
+                reason = watch.result()
+                self.transition(State.UNHEALTHY, reason=reason)
+                code = await self._end(child, exited)
+                if self.stopping:
+                    return None
+                return Ended(code, reason, self._lasted(), unhealthy=True)
+        finally:
+            watch.cancel()
+        if self.stopping:
+            await self._end(child, exited)
+            return None
+        return await self._exited(child, exited)
+
+    async def _exited(self, child: Child, exited: asyncio.Future[int]) -> Ended | None:
+        """The child exited on its own: how, for the restart policy (None: a stop was
+        asked meanwhile)."""
+        code = await self._end(child, exited)
+        lost = None
+        if self.spec.slurm_step is not None:
             # A step ended unasked (even with 0: Slurm's SIGTERM to a lost node's job lets
             # the process stop cleanly): if the job lost a node, nothing can come back.
-            self.lost = await asyncio.to_thread(job_trouble)
-        self.hooks.flush_logs()
-        return code, reason or describe_exit(code), time.time() - child.started_at
+            lost = await asyncio.to_thread(job_trouble)
+            if self.stopping:
+                return None
+        return Ended(code, describe_exit(code), self._lasted(), lost=lost)
 
-    async def _gate_opened(
-        self, child: ChildProcess, exited: asyncio.Task[int], command: list[str] | None
-    ) -> bool:
-        """A ``prestart`` child runs its imports while its dependencies come up; open its
-        start gate once they are met (handing an adopted standby its ``command``). False
-        when it exited first, a stop was requested (the stop ends it) or a dependency
-        failed (it is stopped here, the process FAILED)."""
-        deps = asyncio.create_task(self._failed_dependency())
-        await asyncio.wait({exited, deps}, return_when=asyncio.FIRST_COMPLETED)
-        if not deps.done():
-            deps.cancel()
-            return False
-        failed = deps.result()
-        if self.stop_requested:
-            return False
-        if not failed:
-            await child.open_gate(command)
-            return True
-        if not exited.done():
-            survivors = await child.stop(self.spec.shutdown.signum, self.spec.shutdown.timeout)
-            self.report_survivors(survivors)
-        self._give_up(failed, None)
-        return False
+    async def _end(self, child: Child, exited: asyncio.Future[int]) -> int:
+        """Stop the child unless it has exited (shutdown signal, timeout, SIGKILL,
+        confirm); its exit code, recorded, and its output flushed."""
+        if child.returncode is None:
+            spec = self.spec
+            self._report_survivors(await child.stop(spec.shutdown.signum, spec.shutdown.timeout))
+        code = await exited
+        self.sink.on_line = None
+        self.exit_code = code
+        self.hooks.flush_logs()
+        return code
+
+    def _lasted(self) -> float:
+        now = self.hooks.clock.now()
+        return now - (self.started_at if self.started_at is not None else now)
 
     def _keep_standby(self) -> None:
         """Have a standby spawned for the next start (if the spec keeps one; once)."""
-        if self.spec.standby and not self.stop_requested and not self.hooks.closing():
+        if self.spec.standby and not self.stopping and not self.hooks.closing():
             self.standby.keep(self.spec)
 
-    async def _watch_probes(self, matcher: probes.LogMatcher | None) -> str:
-        """Readiness (-> READY), then liveness; returns the liveness failure message."""
-        client = self.hooks.client()
+    async def _wait_ready(self, matcher: probes.LogMatcher | None) -> None:
+        """Until the readiness probe passed."""
         spec, name = self.spec, self.name
-        if spec.readiness is not None:
+        assert spec.readiness is not None
 
-            def ready_report(ok: bool, message: str) -> None:
+        def report(ok: bool, message: str) -> None:
+            if self.state is State.STARTING:
                 self.hooks.publish(
                     ProbeResult(process=name, probe="readiness", ok=ok, message=message)
                 )
 
-            await probes.wait_ready(spec.readiness, client, ready_report, matcher)
-            self.health = "ok"
-            self.set_state(State.READY, reason="readiness probe passed")
-        self._keep_standby()  # (a first start's waits until here: no competing imports)
-        if spec.liveness is None:
+        await probes.wait_ready(
+            spec.readiness, self.hooks.prober, report, matcher, self.hooks.clock
+        )
+
+    async def _watch_health(self) -> str:
+        """Liveness and progress probes side by side, until one fails: what it saw."""
+        spec, prober, clock = self.spec, self.hooks.prober, self.hooks.clock
+
+        async def failed(kind: str, watch: asyncio.Future[str]) -> str:
+            return f"{kind} probe failed: {await watch}"
+
+        watches = []
+        if spec.liveness is not None:
+            liveness = probes.watch_liveness(spec.liveness, prober, self._health("liveness"), clock)
+            watches.append(asyncio.ensure_future(failed("liveness", liveness)))
+        if (progress := spec.progress) is not None:
+            token = spec.env.get(progress.bearer_env) if progress.bearer_env else None
+            work = probes.watch_progress(progress, prober, self._health("progress"), clock, token)
+            watches.append(asyncio.ensure_future(failed("progress", work)))
+        if not watches:
             await asyncio.Event().wait()
-        assert spec.liveness is not None
+        try:
+            done, _ = await asyncio.wait(watches, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for watch in watches:
+                watch.cancel()
+        return done.pop().result()
 
-        def live_report(ok: bool, message: str) -> None:
-            self.health = "ok" if ok else "failing"
-            self.hooks.publish(ProbeResult(process=name, probe="liveness", ok=ok, message=message))
+    def _health(self, probe: str) -> probes.Report:
+        """Where a health probe's results go: its health and an event, while it runs
+        (a result that comes as a stop begins says nothing of its health)."""
 
-        return await probes.watch_liveness(spec.liveness, client, live_report)
+        def report(ok: bool, message: str) -> None:
+            if self.state in PROBED:
+                self.health = "ok" if ok else "failing"
+                self.hooks.publish(
+                    ProbeResult(process=self.name, probe=probe, ok=ok, message=message)
+                )
+
+        return report
 
     # --------------------------------------------------------------------- events
 
-    def set_state(
+    def transition(
         self,
         new: State,
         *,
@@ -414,10 +542,15 @@ class ProcessLife:
         pid: int | None = None,
         exit_code: int | None = None,
     ) -> None:
+        """Change the state to ``new``: checked against the table (``TransitionError``
+        names the pair), published, and every waiter on this process woken."""
         old, was_ready = self.state, self.ready
+        check(self.name, old, new)
         self.state = new
+        if new not in ALIVE:
+            self.health = None
         if self.ready and not was_ready:
-            self.ready_at = time.time()
+            self.ready_at = self.hooks.clock.now()
             self.incarnation += 1
         self.last_reason = reason or self.last_reason
         if exit_code is not None:
@@ -438,7 +571,7 @@ class ProcessLife:
         )
         self.hooks.changed(self)
 
-    def report_survivors(self, survivors: Sequence[object]) -> None:
+    def _report_survivors(self, survivors: Sequence[object]) -> None:
         if survivors:
             pids = ", ".join(str(getattr(p, "pid", p)) for p in survivors)
             self._notice(f"could not kill pids {pids}", "error")

@@ -18,13 +18,12 @@ from typing import Literal
 from grpo_tui.supervisor.events import Event, NeedLost, NeedRegained, State
 from grpo_tui.supervisor.lifecycle import ProcessLife
 from grpo_tui.supervisor.spec import Need
+from grpo_tui.supervisor.transitions import ENDED
 
 OnNeededFailure = Literal["stop", "wait"]
 
 LAST_LINES = 5
 """Output lines of a failed process carried in ``NeedLost``."""
-
-DONE = (State.COMPLETED, State.STOPPED)
 
 
 class NeedWatch:
@@ -47,7 +46,7 @@ class NeedWatch:
         """After any state change: report needs newly lost or regained."""
         lost = set()
         for life in self._lives.values():
-            if life.gave_up or life.state in DONE:
+            if life.state in ENDED:
                 continue  # it no longer runs: it needs nothing
             for index, need in enumerate(life.spec.needs):
                 if self._unmet(need):
@@ -56,7 +55,7 @@ class NeedWatch:
             self._lose(self._lives[name], self._lives[name].spec.needs[index])
         for name, index in sorted(self._lost - lost):
             needs = self._lives[name].spec.needs
-            if index < len(needs) and not self._lives[name].gave_up:
+            if index < len(needs) and self._lives[name].state is not State.FAILED:
                 self._publish(NeedRegained(process=name, need=needs[index].describe()))
         self._lost = lost
 
@@ -64,12 +63,12 @@ class NeedWatch:
         """Fewer than ``at_least`` able to run. Names this run does not have (a spec
         replaced by a stack's edit may name more) are not counted either way."""
         known = [self._lives[name] for name in set(need.any_of) if name in self._lives]
-        able = [life for life in known if not life.gave_up]
+        able = [life for life in known if life.state is not State.FAILED]
         return len(able) < min(need.at_least, len(known))
 
     def _lose(self, life: ProcessLife, need: Need) -> None:
         named = [self._lives[n] for n in need.any_of if n in self._lives]
-        failed = {f.name: f for f in named if f.gave_up}
+        failed = {f.name: f for f in named if f.state is State.FAILED}
         event = NeedLost(
             process=life.name,
             need=need.describe(),

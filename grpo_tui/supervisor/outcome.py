@@ -40,7 +40,7 @@ class RunEnd:
         if life.name == self.exit_with:
             if life.state == State.COMPLETED:
                 self._finish(RunOutcome(0, f"{life.name} completed successfully"))
-            elif life.gave_up:
+            elif life.state is State.FAILED:
                 self._finish(RunOutcome(1, f"{life.name} failed: {life.last_reason}"))
         elif self.exit_with is None:
             self.all_done(lives)
@@ -50,8 +50,8 @@ class RunEnd:
         lives = list(lives)
         if self.exit_with is not None or self.outcome is not None or not lives:
             return
-        if all(life.state == State.COMPLETED or life.gave_up for life in lives):
-            failed = [life.name for life in lives if life.gave_up]
+        if all(life.state in (State.COMPLETED, State.FAILED) for life in lives):
+            failed = [life.name for life in lives if life.state is State.FAILED]
             if failed:
                 self._finish(RunOutcome(1, f"failed: {', '.join(failed)}"))
             else:

@@ -1,10 +1,13 @@
-"""Readiness and liveness probes: http / tcp / exec checks on a schedule, log-line matches.
+"""Readiness, liveness and progress probes: http / tcp / exec checks on a schedule,
+log-line matches, and a request for a little work once a process seems idle.
 
 Thresholds are enforced (unlike process-compose's ``success_threshold``): readiness needs
 ``success_threshold`` consecutive passes, liveness gives up after ``failure_threshold``
 consecutive failures. A log-line probe is not polled: it passes the moment the line is
 printed. ``report`` is called with each result that differs from the previous one, so a
-probe failing every 100 ms while a server loads is one event, not hundreds.
+probe failing every 100 ms while a server loads is one event, not hundreds. What a probe
+does over the network goes through a :class:`Prober` and its waits through a
+:class:`~grpo_tui.supervisor.clock.Clock`, so a test can hand in its own of both.
 """
 
 from __future__ import annotations
@@ -15,11 +18,21 @@ import os
 import re
 import signal
 from collections.abc import Callable
+from typing import Protocol
 from urllib.parse import urlsplit
 
 import httpx
 
-from grpo_tui.supervisor.spec import ExecProbe, HttpProbe, LogLineProbe, Probe, TcpProbe
+from grpo_tui.supervisor.clock import Clock
+from grpo_tui.supervisor.samplers import SCRAPE_TIMEOUT, counter_total
+from grpo_tui.supervisor.spec import (
+    ExecProbe,
+    HttpProbe,
+    LogLineProbe,
+    Probe,
+    ProgressProbe,
+    TcpProbe,
+)
 
 Report = Callable[[bool, str], None]
 
@@ -36,6 +49,57 @@ class LogMatcher:
         if not self.matched.is_set() and self._regex.search(line):
             self.line = line
             self.matched.set()
+
+
+class Prober(Protocol):
+    """What probes do over the network (or the process table)."""
+
+    async def check(self, probe: Probe) -> tuple[bool, str]:
+        """Run a polled probe once; (passed, short message)."""
+        ...
+
+    async def counter(self, probe: ProgressProbe) -> float | None:
+        """The sum of ``probe.counters`` now (None when it cannot be read)."""
+        ...
+
+    async def ask(self, probe: ProgressProbe, token: str | None) -> tuple[bool, str]:
+        """Send the progress probe's request; (answered 2xx in time, what it saw)."""
+        ...
+
+
+class HttpProber:
+    """The supervisor's prober: the run's HTTP client (``https`` probes, metrics, work
+    requests) and bare connections for the rest."""
+
+    def __init__(self, client: Callable[[], asyncio.Future[httpx.AsyncClient]]) -> None:
+        self._client = client
+        """The run's client, once it is open (it is built in a thread at the run's start)."""
+
+    async def check(self, probe: Probe) -> tuple[bool, str]:
+        return await check(probe, self._client())
+
+    async def counter(self, probe: ProgressProbe) -> float | None:
+        client = await asyncio.shield(self._client())
+        try:
+            response = await client.get(probe.metrics_url, timeout=SCRAPE_TIMEOUT)
+        except httpx.HTTPError:
+            return None
+        return counter_total(response.text, probe.counters) if response.is_success else None
+
+    async def ask(self, probe: ProgressProbe, token: str | None) -> tuple[bool, str]:
+        client = await asyncio.shield(self._client())
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        try:
+            response = await client.post(
+                probe.url, json=probe.body, headers=headers, timeout=probe.timeout
+            )
+        except httpx.TimeoutException:
+            return False, f"it timed out after {probe.timeout:g} s"
+        except httpx.HTTPError as exc:
+            return False, f"it failed: {type(exc).__name__}"
+        if response.is_success:
+            return True, f"it answered HTTP {response.status_code}"
+        return False, f"it answered HTTP {response.status_code}: {response.text[:200]}"
 
 
 async def check(probe: Probe, client: asyncio.Future[httpx.AsyncClient]) -> tuple[bool, str]:
@@ -141,12 +205,13 @@ class _Changes:
 
 async def wait_ready(
     probe: Probe,
-    client: asyncio.Future[httpx.AsyncClient],
+    prober: Prober,
     report: Report,
     matcher: LogMatcher | None,
+    clock: Clock,
 ) -> None:
     """Return once the probe passed ``success_threshold`` times in a row."""
-    await asyncio.sleep(probe.initial_delay)
+    await clock.sleep(probe.initial_delay)
     if isinstance(probe, LogLineProbe):
         assert matcher is not None
         await matcher.matched.wait()
@@ -155,30 +220,63 @@ async def wait_ready(
     changes = _Changes(report)
     streak = 0
     while True:
-        ok, message = await check(probe, client)
+        ok, message = await prober.check(probe)
         changes(ok, message)
         streak = streak + 1 if ok else 0
         if streak >= probe.success_threshold:
             return
-        await asyncio.sleep(probe.period)
+        await clock.sleep(probe.period)
 
 
-async def watch_liveness(
-    probe: Probe, client: asyncio.Future[httpx.AsyncClient], report: Report
-) -> str:
+async def watch_liveness(probe: Probe, prober: Prober, report: Report, clock: Clock) -> str:
     """Probe forever; return the last message once ``failure_threshold`` checks failed in a row.
 
     A log-line liveness probe only asks that the line was seen once, so it never fails here.
     """
     if isinstance(probe, LogLineProbe):
         await asyncio.Event().wait()
-    await asyncio.sleep(probe.initial_delay)
+    await clock.sleep(probe.initial_delay)
     changes = _Changes(report)
     misses = 0
     while True:
-        ok, message = await check(probe, client)
+        ok, message = await prober.check(probe)
         changes(ok, message)
         misses = 0 if ok else misses + 1
         if misses >= probe.failure_threshold:
             return message
-        await asyncio.sleep(probe.period)
+        await clock.sleep(probe.period)
+
+
+async def watch_progress(
+    probe: ProgressProbe, prober: Prober, report: Report, clock: Clock, token: str | None
+) -> str:
+    """Probe forever; return what it saw once ``failure_threshold`` requests for work in a
+    row failed, each sent after ``idle_after`` s in which the counters did not grow.
+
+    The idle time counts from the start of the watch (the process just became ready), the
+    counters' last growth, or the last request that passed, whichever is latest.
+    """
+    await clock.sleep(probe.initial_delay)
+    changes = _Changes(report)
+    progress_at = clock.now()
+    last: float | None = None
+    misses = 0
+    while True:
+        total = await prober.counter(probe)
+        if total is not None:
+            if last is not None and total > last:
+                progress_at, misses = clock.now(), 0
+            last = total
+        idle = clock.now() - progress_at
+        if idle >= probe.idle_after:
+            ok, message = await prober.ask(probe, token)
+            if ok:
+                progress_at, misses = clock.now(), 0
+                changes(True, f"asked for work after {probe.idle_after:g} s idle, {message}")
+            else:
+                misses += 1
+                saw = f"no request completed for {idle:.0f} s; asked for work, {message}"
+                changes(False, saw)
+                if misses >= probe.failure_threshold:
+                    return saw
+        await clock.sleep(probe.period)

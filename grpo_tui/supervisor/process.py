@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 
@@ -52,6 +53,44 @@ class SpawnError(Exception):
         super().__init__(reason)
         self.reason = reason
         self.permanent = permanent
+
+
+class Child(Protocol):
+    """One incarnation as a process life and its standby see it: :class:`ChildProcess`,
+    or a test's fake. ``sink`` and ``spec`` change when a standby is adopted."""
+
+    spec: ProcessSpec
+    sink: OutputSink
+    started_at: float
+    known: dict[int, psutil.Process]
+
+    @property
+    def pid(self) -> int | None:
+        """Its pid; None for a process that is not ours (a server attached by URL)."""
+        ...
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    async def wait(self) -> int:
+        """Its exit code, once it and what it left behind are gone."""
+        ...
+
+    async def stop(self, sig: int, timeout: float) -> list[psutil.Process | str]:
+        """Signal, wait ``timeout``, SIGKILL, confirm; what survived."""
+        ...
+
+    async def kill(self) -> list[psutil.Process | str]:
+        """SIGKILL at once, confirm; what survived."""
+        ...
+
+    async def open_gate(self, command: list[str] | None = None) -> None:
+        """Let a ``prestart`` child go on (with ``command``: an adopted standby's)."""
+        ...
+
+    def refresh_tree(self) -> list[psutil.Process]:
+        """Its live descendants now."""
+        ...
 
 
 def describe_exit(code: int) -> str:

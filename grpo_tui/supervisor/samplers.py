@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +21,7 @@ import httpx
 import psutil
 
 from grpo_tui.supervisor.events import Event, GpuSample, Notice, ResourceSample
-from grpo_tui.supervisor.process import ChildProcess
+from grpo_tui.supervisor.process import Child
 
 TOKENS_COUNTERS = ("vllm:generation_tokens_total", "sglang:generation_tokens_total")
 """Generated-token counters of vLLM and SGLang (``--enable-metrics``); a server has one."""
@@ -58,7 +58,7 @@ class TreeSampler:
         self._procs: dict[int, psutil.Process] = {}
 
     def sample(
-        self, children: Mapping[str, ChildProcess]
+        self, children: Mapping[str, Child]
     ) -> dict[str, tuple[float, int, set[int]]]:
         """``name -> (cpu %, rss bytes, pids)``."""
         seen: dict[int, psutil.Process] = {}
@@ -176,16 +176,22 @@ def gauges(text: str) -> dict[str, float]:
     return found
 
 
-def generation_tokens(text: str) -> float | None:
-    """Sum of the generated-token counter over its label sets in Prometheus text."""
+def counter_total(text: str, names: Sequence[str]) -> float | None:
+    """Sum of the counters ``names`` over their label sets in Prometheus text (None when
+    none is there)."""
     total, found = 0.0, False
     for line in text.splitlines():
-        counter = next((c for c in TOKENS_COUNTERS if line.startswith(c)), None)
+        counter = next((c for c in names if line.startswith(c)), None)
         if counter is not None and line[len(counter) : len(counter) + 1] in (" ", "{"):
             with contextlib.suppress(ValueError, IndexError):
                 total += float(line.rsplit(maxsplit=1)[-1])
                 found = True
     return total if found else None
+
+
+def generation_tokens(text: str) -> float | None:
+    """Sum of the generated-token counter over its label sets in Prometheus text."""
+    return counter_total(text, TOKENS_COUNTERS)
 
 
 class TokenRate:
@@ -224,7 +230,7 @@ class Samplers:
 
     async def sample(
         self,
-        children: Mapping[str, ChildProcess],
+        children: Mapping[str, Child],
         scrape: Mapping[str, Scrape],
     ) -> tuple[list[Event], dict[str, float]]:
         """(events to publish, metric values); ``scrape`` maps name -> its endpoint."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -99,6 +99,27 @@ class LogLineProbe(ProbeTiming):
 Probe = Annotated[HttpProbe | TcpProbe | ExecProbe | LogLineProbe, Field(discriminator="kind")]
 
 
+class ProgressProbe(ProbeTiming):
+    """Does it still do its work: a process whose health check answers while its work is
+    stuck (a server whose scheduler hangs) is found by asking it for a little work.
+
+    Every ``period`` the Prometheus ``counters`` at ``metrics_url`` (summed over their
+    label sets: completed requests) are read; once they have not grown for ``idle_after``
+    seconds, ``POST url`` with the JSON ``body`` must answer 2xx within ``timeout``, and a
+    pass counts as progress. ``failure_threshold`` failures in a row stop the process to
+    restart it, as a liveness failure does. ``bearer_env`` names the variable of the
+    process's environment holding the bearer token its requests need, if any.
+    """
+
+    kind: Literal["progress"] = "progress"
+    url: str
+    body: dict[str, Any] = Field(default_factory=dict)
+    bearer_env: str | None = None
+    metrics_url: str
+    counters: list[str] = Field(min_length=1)
+    idle_after: float = Field(gt=0)
+
+
 class RestartPolicy(Strict):
     """Restart with exponential backoff: ``base * factor**n`` seconds, at most ``cap``.
 
@@ -147,7 +168,9 @@ class ProcessSpec(Strict):
     name by id. ``prestart``: spawned before its dependencies are met, it waits at its
     start gate (``grpo_trainer.start_gate``) after its imports. ``standby`` (needs
     ``prestart``): while it runs, one more incarnation waits at its gate, imports done, for
-    the next start (``grpo_tui.supervisor.standby``).
+    the next start (``grpo_tui.supervisor.standby``). ``progress`` asks it for a little
+    work when it has done none for a while (:class:`ProgressProbe`); it runs beside
+    ``liveness`` once the process is ready.
     """
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
@@ -162,6 +185,7 @@ class ProcessSpec(Strict):
     needs: list[Need] = Field(default_factory=list)
     readiness: Probe | None = None
     liveness: Probe | None = None
+    progress: ProgressProbe | None = None
     restart: RestartPolicy = Field(default_factory=RestartPolicy)
     shutdown: Shutdown = Field(default_factory=Shutdown)
     prestart: bool = False

@@ -24,7 +24,6 @@ the run's sweep find it by the run's tag like every other child.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import time
 from collections.abc import Awaitable, Callable
@@ -32,11 +31,11 @@ from pathlib import Path
 
 from grpo_tui.supervisor.events import Notice
 from grpo_tui.supervisor.logs import OutputSink
-from grpo_tui.supervisor.process import ChildProcess, SpawnError, describe_exit
+from grpo_tui.supervisor.process import Child, SpawnError, describe_exit
 from grpo_tui.supervisor.spec import ProcessSpec
 
-Spawn = Callable[[ProcessSpec, OutputSink, str | None], Awaitable[ChildProcess]]
-Adopted = tuple[ChildProcess, "asyncio.Task[int]", list[str] | None]
+Spawn = Callable[[ProcessSpec, OutputSink, str | None], Awaitable[Child]]
+Adopted = tuple[Child, "asyncio.Future[int]", list[str] | None]
 """An adopted standby: the child, the task that waits for its exit, and the command to hand
 it at its gate (None: the one it was spawned with)."""
 
@@ -54,7 +53,7 @@ class Standby:
         self.log = log
         self._spawn = spawn
         self._publish = publish
-        self.child: ChildProcess | None = None
+        self.child: Child | None = None
         self._exited: asyncio.Task[int] | None = None
         self._spawning: asyncio.Task[None] | None = None
         self._discarding: asyncio.Task[None] | None = None
@@ -105,8 +104,7 @@ class Standby:
 
     async def _discard(self, sig: int) -> None:
         if self._spawning is not None:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self._spawning)
+            await asyncio.shield(self._spawning)  # it says itself what went wrong
         child, exited = self.child, self._exited
         self.child = self._exited = None
         if child is None or exited is None:
@@ -127,6 +125,9 @@ class Standby:
         except SpawnError as error:
             self._note(f"standby not spawned: {error.reason}", "warning")
             return
+        except Exception as error:  # a spare is best effort: the next start spawns afresh
+            self._note(f"standby not spawned: {type(error).__name__}: {error}", "error")
+            return
         finally:
             self._spawning = None
         self.child = child
@@ -137,7 +138,7 @@ class Standby:
             "and waits at its start gate; the next start adopts it"
         )
 
-    def _gone(self, child: ChildProcess, task: asyncio.Task[int]) -> None:
+    def _gone(self, child: Child, task: asyncio.Task[int]) -> None:
         """A standby that exits while it waits: say so; the next start spawns afresh."""
         if self.child is not child or task.cancelled():
             return

@@ -27,10 +27,12 @@ from grpo_tui.supervisor.lifecycle import Hooks, ProcessLife, ProcessStatus, pla
 from grpo_tui.supervisor.logs import OutputSink
 from grpo_tui.supervisor.needs import NeedWatch, OnNeededFailure
 from grpo_tui.supervisor.outcome import RunEnd, RunOutcome
+from grpo_tui.supervisor.probes import HttpProber
 from grpo_tui.supervisor.requests import RequestHandler, RequestHandlers, process_operations
 from grpo_tui.supervisor.resources import RunResources
 from grpo_tui.supervisor.spec import ProcessSpec
 from grpo_tui.supervisor.telemetry import sample_forever
+from grpo_tui.supervisor.transitions import ENDED
 
 __all__ = ["ProcessFailed", "ProcessStatus", "RunOutcome", "ShuttingDown", "Supervisor"]
 
@@ -103,7 +105,7 @@ class Supervisor:
             publish=self._journal.publish,
             closing=lambda: self._end.closing,
             spawn=self._resources.spawn,
-            client=self._resources.client,
+            prober=HttpProber(self._resources.client),
             flush_logs=self._journal.flush_logs,
             changed=self._changed,
             peer=self._life,
@@ -214,7 +216,6 @@ class Supervisor:
             await held.stop(name)
             if new_spec is not None:
                 life.replace_spec(new_spec)
-            life.attempt = 0
             await held.start(name)
             for follower in followers:
                 await held.start(follower)
@@ -229,7 +230,7 @@ class Supervisor:
         """Return when ``name`` is ready; raise ProcessFailed if it fails for good or is
         stopped first."""
         life = self._life(name)
-        await life.until(lambda: life.ready or life.gave_up or life.state == State.STOPPED)
+        await life.until(lambda: life.ready or life.state in (State.FAILED, State.STOPPED))
         if life.state == State.STOPPED:
             raise ProcessFailed(f"{name} was stopped before it became ready")
         if not life.ready:
@@ -377,8 +378,8 @@ class Supervisor:
         """``start`` with the process's lock held."""
         self.refuse_if_closing(life.name)
         await self._open()
-        if life.ending and life.task is not None:
-            await asyncio.shield(life.task)  # bounded: its standby's stop
+        if life.state in ENDED and life.task is not None and life.active:
+            await asyncio.shield(life.task)  # an ended life only stops its standby: bounded
         if not life.active:
             life.launch()
 

@@ -21,8 +21,10 @@ async def test_a_leader_killed_while_descendants_hold_its_output_restarts_at_onc
     supervise, tmp_path
 ) -> None:
     """As vLLM's API server SIGKILLed with its engine core alive (references.md section 8):
-    the exit is seen on the leader's pid, its group and its setsid descendant are ended,
-    and the restart begins well within a second, not after liveness timeouts."""
+    the exit is seen on the leader's pid (the restart's reason is the SIGKILL, not a
+    liveness probe; on the old code the pipe its grandchildren hold kept it waiting for
+    good), and its group and its setsid descendant are ended. That the restart then comes
+    as soon as the backoff is over: ``test_lifecycle_machine.py``, on a fake clock."""
     pidfile = tmp_path / "holder.pids"
     policy = RestartPolicy(policy="always", backoff_base=0.05, max_restarts=2)
     ready = {"kind": "log_line", "pattern": "holder ready"}
@@ -31,20 +33,17 @@ async def test_a_leader_killed_while_descendants_hold_its_output_restarts_at_onc
     family = [int(line) for line in pidfile.read_text().split()]
     assert len(alive(family)) == 3
     pidfile.unlink()
-    killed = time.time()
     os.kill(family[0], signal.SIGKILL)
 
-    restarting = await h.until(lambda e: isinstance(e, Restarting), timeout=5)
-    respawned = await h.until(
+    restarting = await h.until(lambda e: isinstance(e, Restarting))
+    await h.until(
         lambda e: (
             isinstance(e, StateChanged)
             and e.new == State.STARTING
             and e.pid not in (None, family[0])
-        ),
-        timeout=5,
+        )
     )
     assert restarting.reason == "killed by SIGKILL"
-    assert respawned.t - killed < 1.0, f"restarted {respawned.t - killed:.2f} s after the kill"
     assert alive(family) == [], "the grandchildren holding the output outlived their leader"
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import itertools
 import os
 import random
 import signal
@@ -16,6 +15,7 @@ import pytest
 from conftest import alive, child, free_port, spec
 
 from grpo_tui.supervisor import probes
+from grpo_tui.supervisor.clock import WALL
 from grpo_tui.supervisor.events import ProbeResult, Restarting, State, StateChanged
 from grpo_tui.supervisor.spec import HttpProbe, RestartPolicy, Shutdown, TcpProbe
 from grpo_tui.supervisor.supervisor import ProcessFailed
@@ -25,7 +25,10 @@ def listen_time(lines: list[str]) -> float:
     return next(float(line.split()[-1]) for line in lines if line.startswith("listening at"))
 
 
-async def test_dependents_start_within_half_a_second_of_readiness(supervise) -> None:
+async def test_dependents_start_once_their_dependencies_are_ready(supervise) -> None:
+    """Each dependent is spawned after its dependency listens (it became ready), not
+    before; that it is spawned the moment it does, with no wait between:
+    ``test_lifecycle_machine.py``, on a fake clock."""
     rng = random.Random()
     ports = {name: free_port() for name in ("api", "inference", "trainer")}
 
@@ -48,11 +51,13 @@ async def test_dependents_start_within_half_a_second_of_readiness(supervise) -> 
     for dependent, dependency in (("inference", "api"), ("trainer", "inference")):
         ready_at = listen_time(h.sup.recent_lines(dependency))
         spawned = next(e for e in h.changes(dependent) if e.new == State.STARTING)
-        assert 0 <= spawned.t - ready_at < 0.5, (dependent, spawned.t - ready_at)
+        assert spawned.t >= ready_at, (dependent, spawned.t - ready_at)
     assert h.sup.status()["trainer"].health == "ok"
 
 
 async def test_crash_restarts_with_growing_backoff_then_fails(supervise) -> None:
+    """A real crashing child: the delays asked grow, then it fails for good. That each
+    restart waits its delay and no more: ``test_lifecycle_machine.py``, on a fake clock."""
     crash = [sys.executable, "-c", "print('crashing'); raise SystemExit(3)"]
     policy = RestartPolicy(policy="on_failure", backoff_base=0.1, backoff_factor=2, max_restarts=3)
     h = supervise([spec("crashy", crash, restart=policy)], exit_with="crashy")
@@ -61,10 +66,8 @@ async def test_crash_restarts_with_growing_backoff_then_fails(supervise) -> None
     assert "crashy" in outcome.reason and "gave up after 3 restarts" in outcome.reason
     delays = [e.delay for e in h.events if isinstance(e, Restarting)]
     assert delays == [0.1, 0.2, 0.4]
-    spawns = [e.t for e in h.changes("crashy") if e.new == State.RUNNING]
-    assert len(spawns) == 4
-    gaps = [b - a for a, b in itertools.pairwise(spawns)]
-    assert gaps[0] < gaps[1] < gaps[2]
+    spawns = [e.pid for e in h.changes("crashy") if e.new == State.RUNNING]
+    assert len(set(spawns)) == 4
     final = h.sup.status()["crashy"]
     assert final.state == State.FAILED and final.exit_code == 3 and final.restarts == 3
 
@@ -121,7 +124,6 @@ async def test_command_not_found_fails_cleanly_and_is_not_retried(supervise) -> 
     changes = h.changes("ghost")
     (failed,) = [e for e in changes if e.new == State.FAILED]
     assert failed.reason == "command not found: grpo-tui-no-such-command-xyz: not retried"
-    assert failed.t - changes[0].t < 1.0
     assert State.BACKOFF not in [e.new for e in changes]
     assert not any(isinstance(e, Restarting) for e in h.events)
     assert outcome.exit_code == 1 and "command not found" in outcome.reason
@@ -150,7 +152,6 @@ async def test_port_in_use_is_refused_naming_the_holder(supervise) -> None:
         (failed,) = [e for e in h.changes("api") if e.new == State.FAILED]
         assert f"pid {holder.pid}" in failed.reason and "http.server" in failed.reason
         assert failed.reason.endswith("not retried")
-        assert failed.t - h.changes("api")[0].t < 1.0
         assert not any(isinstance(e, Restarting) for e in h.events)
         assert outcome.exit_code == 1
     finally:
@@ -262,8 +263,10 @@ async def test_a_readiness_wait_cancelled_as_its_connect_fails_ends(
 
     monkeypatch.setattr(asyncio, "open_connection", refused)
     client: asyncio.Future[httpx.AsyncClient] = asyncio.get_running_loop().create_future()
+    prober = probes.HttpProber(lambda: client)
     probe = TcpProbe(port=free_port(), period=0.05)
-    waiting.append(asyncio.create_task(probes.wait_ready(probe, client, lambda *_: None, None)))
+    ready = probes.wait_ready(probe, prober, lambda *_: None, None, WALL)
+    waiting.append(asyncio.create_task(ready))
     done, _ = await asyncio.wait(waiting, timeout=5)
     assert done and waiting[0].cancelled(), "the probe went on after its cancel"
 
@@ -324,3 +327,26 @@ async def test_failed_dependency_fails_its_dependents(supervise) -> None:
     outcome = await h.run_task
     assert outcome.exit_code == 1
     assert "dependency broken failed" in h.sup.status()["after"].last_reason
+
+
+async def test_a_clean_stop_never_shows_a_failing_liveness_probe(supervise) -> None:
+    """Issue 35: a server stopped on request closes its HTTP side first and takes a while
+    for the rest (the built-in server, vLLM); its liveness probe went on through the stop
+    and reported it failing (and the process UNHEALTHY). The probes stop as the stop
+    begins; health says nothing of a stopped process."""
+    port = free_port()
+    probe = HttpProbe(url=f"http://127.0.0.1:{port}/", period=0.05, failure_threshold=1)
+    server = child("listener.py", "--port", port, "--linger-on-term", "1.0")
+    h = supervise([spec("server", server, readiness=probe, liveness=probe)])
+    await h.state("server", State.READY)
+    await h.until(lambda e: isinstance(e, ProbeResult) and e.probe == "liveness" and e.ok)
+    assert h.sup.status()["server"].health == "ok"
+    await h.sup.stop("server")
+    assert "stopped listening on SIGTERM" in h.sup.recent_lines("server")
+    failing = [
+        e for e in h.events if isinstance(e, ProbeResult) and e.probe == "liveness" and not e.ok
+    ]
+    assert failing == []
+    assert [e.new for e in h.changes("server")][-2:] == [State.STOPPING, State.STOPPED]
+    status = h.sup.status()["server"]
+    assert (status.state, status.health, status.exit_code) == (State.STOPPED, None, 0)
