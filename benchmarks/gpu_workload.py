@@ -51,20 +51,22 @@ import itertools
 import json
 import os
 import random
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 import tomli_w
+from gpu_idle import GpuSampler, wait_empty
 from gpu_modes import _lines, facts, free_ports, run_id_of, sweep, tail, vllm_cli
 from model_shapes import qwen2_config
 from workload_report import PARTS, TWO_GPU_PARTS, Part, combine, save
+from workload_startup import run_startup, trl_startup
 from workload_task import PROMPT_CHARS, Workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,67 +112,37 @@ def build_model(path: Path, shape: str, device: str) -> int:
     return count
 
 
-class GpuPeak:
-    """Peak used memory of the most loaded of some GPUs (NVML, physical indices) while the
-    ``with`` block runs."""
-
-    def __init__(self, index: int | list[int] | None) -> None:
-        self.indices = [] if index is None else [index] if isinstance(index, int) else index
-        self.peak: float | None = None
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> GpuPeak:
-        if not self.indices:
-            return self
+def ensure_model(models: Path, shape: str, gpu: int | None) -> tuple[Path, int, str]:
+    """The model of ``shape`` under ``models``: built (seed 0, the same files every time)
+    in a child process when absent, else reused, so that vLLM's compile cache, keyed by the
+    model's path, can hit in a later call on a warm machine. The child holds the only CUDA
+    context: this process never allocates on the GPU, so the empty-GPU check before each
+    run sees none of ours. Returns (path, parameters, how it was had)."""
+    path = (models / shape).resolve()
+    if not (path / "params.json").is_file():
+        staging = path.with_name(f".{path.name}-{os.getpid()}")
+        env = dict(os.environ)
+        if gpu is not None:
+            env |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(gpu)}
+        device = "cpu" if gpu is None else "cuda:0"
+        code = (
+            "import json, sys; from pathlib import Path; import gpu_workload as g; "
+            "n = g.build_model(Path(sys.argv[1]), sys.argv[2], sys.argv[3]); "
+            "(Path(sys.argv[1]) / 'params.json').write_text(json.dumps({'params': n}))"
+        )
+        env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "benchmarks"),
+                                             env.get("PYTHONPATH", "")])  # fmt: skip
+        subprocess.run([sys.executable, "-c", code, str(staging), shape, device],
+                       check=True, env=env, cwd=REPO)  # fmt: skip
         try:
-            import pynvml
-
-            pynvml.nvmlInit()
-            handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in self.indices]
-        except Exception:
-            return self
-
-        def sample() -> None:
-            while not self._stop.is_set():
-                used = max(pynvml.nvmlDeviceGetMemoryInfo(h).used / MIB for h in handles)
-                self.peak = max(self.peak or 0.0, used)
-                self._stop.wait(0.25)
-
-        self._thread = threading.Thread(target=sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-
-def gpu_used_mib(index: int | None) -> float | None:
-    """Used memory of one GPU now (NVML); None without NVML or GPU."""
-    if index is None:
-        return None
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-        return pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(index)).used / MIB
-    except Exception:
-        return None
-
-
-def wait_gpu_free(index: int | None, baseline: float | None, timeout: float = 45.0) -> float:
-    """Wait until the GPU is back near ``baseline`` (the last part's processes are gone and
-    the driver freed their memory: vLLM refuses to start on a GPU with too little free
-    memory); returns the seconds waited."""
-    began = time.monotonic()
-    while baseline is not None and time.monotonic() - began < timeout:
-        used = gpu_used_mib(index)
-        if used is None or used < baseline + 1024:
-            break
-        time.sleep(0.5)
-    return time.monotonic() - began
+            staging.rename(path)
+        except OSError:  # a lane of the same call built it first: theirs is the same
+            shutil.rmtree(staging, ignore_errors=True)
+        how = "built"
+    else:
+        how = "reused"
+    params = int(json.loads((path / "params.json").read_text())["params"])
+    return path, params, how
 
 
 def child_env(args: argparse.Namespace) -> dict[str, str]:
@@ -194,6 +166,22 @@ def stop_group(proc: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
+
+
+def new_cell(work: Path, part: str, repeat: int) -> Path:
+    """A run's own folder, created now: a folder left by an earlier run (another call on a
+    warm machine) is refused, never read (issue 39: a lane paired a ``sync`` row from the
+    previous call's folder as if it were new)."""
+    cell = work / f"{part}-{repeat}"
+    cell.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        cell.mkdir()
+    except FileExistsError:
+        raise FileExistsError(
+            f"{cell} exists: a run folder from an earlier call; each call gets its own "
+            "--call-id (and work folder), and a run never reads another's files"
+        ) from None
+    return cell
 
 
 # ----------------------------------------------------------------- settings of a run
@@ -322,7 +310,7 @@ def intervals(records: list[dict[str, Any]]) -> list[float]:
     return [b - a for a, b in itertools.pairwise(times)]
 
 
-def floor_generate(args: argparse.Namespace, work: Path, result: Part, deadline: float) -> Path:
+def floor_generate(args: argparse.Namespace, cell: Path, result: Part, deadline: float) -> Path:
     """Serve the model alone and time ``--floor-reps`` generations of one batch; returns a
     batches file holding that batch ``--steps`` times, for the trainer-alone half."""
     from grpo_trainer.envs.groups import build_group
@@ -337,7 +325,7 @@ def floor_generate(args: argparse.Namespace, work: Path, result: Part, deadline:
     settings = InferenceSettings.model_validate(table)
     launch = inference_command(settings, mode="none", model=str(args.model))
     launch = launch.model_copy(update={"env": {**launch.env, **_gpu_env(args)}})
-    server = ServerProcess(launch, settings.base_url, work / "floor-server.log")
+    server = ServerProcess(launch, settings.base_url, cell / "floor-server.log")
     tokenizer = load_prompt_tokenizer(str(args.model))
     task = Workload(seed=0)
     rng = random.Random(1)
@@ -374,7 +362,7 @@ def floor_generate(args: argparse.Namespace, work: Path, result: Part, deadline:
         scores = [task.score(Prompt(), tokenizer.decode(s.token_ids)) for s in group]
         built = build_group(ids, group, scores, temperature=1.0, policy_version=0)
         lines.append(json.dumps(built.payload(env_id=None)))
-    path = work / "floor-batches.jsonl"
+    path = cell / "floor-batches.jsonl"
     path.write_text("\n".join(lines * (args.steps + 1)) + "\n")
     return path
 
@@ -387,20 +375,20 @@ def _gpu_env(args: argparse.Namespace) -> dict[str, str]:
 
 
 def floor_train(
-    args: argparse.Namespace, work: Path, batches: Path, result: Part, deadline: float
+    args: argparse.Namespace, cell: Path, batches: Path, result: Part, deadline: float
 ) -> None:
     """Our trainer alone on the floor's batch: ``--steps`` steps, then stopped."""
     table = trainer_table(args, "none")
     table.pop("gpus", None)
     table |= {"sync_every": 0, "max_sync_lag": 0, "group_size": args.group_size}
-    metrics = work / "floor-trainer-metrics.jsonl"
+    metrics = cell / "floor-trainer-metrics.jsonl"
     argv = [sys.executable, "-m", "grpo_trainer.train", "--model-name", str(args.model)]
     for key, value in table.items():
         argv += [f"--{key.replace('_', '-')}", str(value)]
     argv += ["--batches-file", str(batches), "--metrics-file", str(metrics)]
-    argv += ["--save-path", str(work / "floor-checkpoints"), "--weight-bridge-mode", "none"]
+    argv += ["--save-path", str(cell / "floor-checkpoints"), "--weight-bridge-mode", "none"]
     result.extra["trainer_argv"] = argv[2:]
-    with (work / "floor-trainer.log").open("wb") as log:
+    with (cell / "floor-trainer.log").open("wb") as log:
         proc = subprocess.Popen(
             argv, stdout=log, stderr=subprocess.STDOUT, env=child_env(args), cwd=REPO,
             start_new_session=True,
@@ -420,16 +408,18 @@ def floor_train(
         (float(r["data"].get("peak_memory_gb", 0)) for r in records), default=None
     )
     if not records:
-        result.reason = f"trainer exit {proc.returncode}: {tail(work / 'floor-trainer.log', 15)}"
+        result.reason = f"trainer exit {proc.returncode}: {tail(cell / 'floor-trainer.log', 15)}"
 
 
 def run_floor(args: argparse.Namespace, work: Path, deadline: float) -> Part:
     server = "vLLM" if args.backend == "vllm" else "built-in server"
     result = Part("floor", f"{server} alone + our trainer alone")
-    with GpuPeak(args.gpu) as peak:
-        batches = floor_generate(args, work, result, deadline - 60)
-        floor_train(args, work, batches, result, deadline)
-    result.gpu_peak_mib = peak.peak
+    cell = new_cell(work, "floor", args.repeat)
+    with GpuSampler(args.gpus or None) as sampler:
+        batches = floor_generate(args, cell, result, deadline - 60)
+        floor_train(args, cell, batches, result, deadline)
+    result.gpu_peak_mib = sampler.peak_mib
+    result.extra["gpu_samples"] = sampler.compact()
     gen, train = result.extra.get("generate_s"), result.extra.get("train_s")
     if gen is not None and train is not None:
         result.status = "ok"
@@ -441,7 +431,9 @@ def run_floor(args: argparse.Namespace, work: Path, deadline: float) -> Part:
 
 
 def run_grpo(args: argparse.Namespace, part: str, work: Path, deadline: float) -> Part:
-    """One ``grpo-tui run`` until ``--steps`` optimizer steps, then SIGKILL and sweep."""
+    """One ``grpo-tui run`` until ``--steps`` optimizer steps, then SIGKILL and sweep. The
+    run directory is named on the command line (``--run-dir``, refused if it exists): only
+    this run's files are ever read."""
     mode, bound = GRPO_PARTS[part]
     label = f"grpo-tui {mode}, " + ("synchronous" if bound == 0 else f"{bound} step overlap")
     label = two_gpu_label(args, part) or label
@@ -449,15 +441,16 @@ def run_grpo(args: argparse.Namespace, part: str, work: Path, deadline: float) -
     trainer_gpus, inference_gpus = placement(args, part)
     used = sorted(set(trainer_gpus + inference_gpus))
     result.gpus = used if len(used) > 1 else []
-    cell = work / f"{part}-{args.repeat}"
-    cell.mkdir(parents=True, exist_ok=True)
+    cell = new_cell(work, part, args.repeat)
+    run_dir = cell / "run"
     ports = free_ports(2, first=21000 + 1000 * (args.gpu or 0) + 10 * PARTS.index(part))
     profile = cell / "profile.toml"
     profile.write_text(tomli_w.dumps(profile_for(args, part, mode, bound, ports, cell / "runs")))
     command = [sys.executable, "-m", "grpo_tui", "run", str(profile), "--json"]
+    command += ["--run-dir", str(run_dir)]
     started = time.time()
     run_id = ""
-    with GpuPeak(used or None) as peak:
+    with GpuSampler(used or None) as sampler:
         with (
             (cell / "supervisor.jsonl").open("wb") as out,
             (cell / "supervisor.err").open("wb") as err,
@@ -467,22 +460,21 @@ def run_grpo(args: argparse.Namespace, part: str, work: Path, deadline: float) -
                 start_new_session=True,
             )  # fmt: skip
         supervisor = psutil.Process(proc.pid)
-        records: list[dict[str, Any]] = []
         try:
             while proc.poll() is None and time.monotonic() < deadline:
                 run_id = run_id or run_id_of(supervisor)
-                runs = sorted((cell / "runs").glob("*/"))
-                records = trainer_steps(runs[-1] / "metrics.jsonl") if runs else []
-                if len(records) >= args.steps:
+                if len(trainer_steps(run_dir / "metrics.jsonl")) >= args.steps:
                     break
                 time.sleep(0.5)
         finally:
             stop_group(proc)  # no final checkpoint: the run is measured, not kept
             result.extra["leftovers"] = sweep(run_id, wait=10.0)
-    result.gpu_peak_mib = peak.peak
-    runs = sorted((cell / "runs").glob("*/"))
-    records = trainer_steps(runs[-1] / "metrics.jsonl") if runs else []
+    result.gpu_peak_mib = sampler.peak_mib
+    result.extra["gpu_samples"] = sampler.compact()
+    records = trainer_steps(run_dir / "metrics.jsonl")
     result.step_times = intervals(records)
+    result.extra["step_ends"] = [float(r["t"]) for r in records]
+    result.extra["startup"] = run_startup(run_dir, started)
     if records:
         result.startup_s = float(records[0]["t"]) - started  # to the first step's end
         data = [r["data"] for r in records]
@@ -494,7 +486,7 @@ def run_grpo(args: argparse.Namespace, part: str, work: Path, deadline: float) -
         result.status = "ok" if len(records) >= args.steps else "partial: out of time"
     else:
         result.status = "failed" if proc.returncode not in (None, -9) else "timeout"
-        logs = sorted(runs[-1].glob("logs/*.log")) if runs else []
+        logs = sorted(run_dir.glob("logs/*.log"))
         result.reason = " | ".join(
             f"{p.name}: {tail(p, 6)}" for p in [cell / "supervisor.err", *logs] if tail(p, 1)
         )[-3000:]
@@ -571,8 +563,7 @@ def run_trl(args: argparse.Namespace, part: str, work: Path, deadline: float) ->
     its vLLM server on the lane's second GPU first (start-up counts from there)."""
     how = TRL_LABELS[part] if args.backend == "vllm" else "TRL, transformers generate (CPU check)"
     result = Part(part, how)
-    cell = work / f"{part}-{args.repeat}"
-    cell.mkdir(parents=True, exist_ok=True)
+    cell = new_cell(work, part, args.repeat)
     out = cell / "trl.json"
     argv = trl_argv(args, part, out)
     # TRL's one-process torch.distributed group listens on MASTER_PORT (29500 by default):
@@ -583,7 +574,7 @@ def run_trl(args: argparse.Namespace, part: str, work: Path, deadline: float) ->
     server = None
     proc: subprocess.Popen[bytes] | None = None
     started = time.time()
-    with GpuPeak(sorted(set(trainer_gpu + served_gpus)) or None) as peak:
+    with GpuSampler(sorted(set(trainer_gpu + served_gpus)) or None) as sampler:
         try:
             if part == "trl-async":
                 result.gpus = [*trainer_gpu, *served_gpus]
@@ -605,7 +596,7 @@ def run_trl(args: argparse.Namespace, part: str, work: Path, deadline: float) ->
         finally:
             if server is not None:
                 server.stop()
-    result.gpu_peak_mib = peak.peak
+    result.gpu_peak_mib = sampler.peak_mib
     record: dict[str, Any] = {}
     with contextlib.suppress(OSError, ValueError):
         record = json.loads(out.read_text())
@@ -613,8 +604,14 @@ def run_trl(args: argparse.Namespace, part: str, work: Path, deadline: float) ->
     result.step_times = times[1:]
     if record.get("first_step_end"):
         result.startup_s = float(record["first_step_end"]) - started
-    keys = ("trl", "datasets", "config", "prompt_tokens", "init_s", "attention")
+    keys = ("trl", "datasets", "config", "prompt_tokens", "init_s", "attention", "step_ends")
+    keys += ("generate_s_per_step", "gc_s_per_step", "import_s")
     result.extra = {k: record.get(k) for k in keys if k in record}
+    result.extra["gpu_samples"] = sampler.compact()
+    log = ""
+    with contextlib.suppress(OSError), (cell / "trl.log").open("rb") as handle:
+        log = handle.read(8 << 20).decode(errors="replace")  # vLLM's start-up comes first
+    result.extra["startup"] = trl_startup(record, log, started)
     result.extra["completion_len"] = record.get("completion_mean_length")
     result.extra["peak_memory_gb"] = record.get("peak_memory_gb")
     if record.get("status") == "ok" and len(times) >= args.steps:
@@ -669,6 +666,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=510.0, help="seconds for every part")
     parser.add_argument("--parts", nargs="+", default=list(PARTS), choices=PARTS)
     parser.add_argument("--repeats", type=int, default=1, help="passes over --parts")
+    parser.add_argument(
+        "--order",
+        choices=["swap", "same"],
+        default="swap",
+        help="swap: each pass runs --parts in the reverse order of the pass before (A B, "
+        "then B A: both orders on the same GPU); same: A B A B",
+    )
+    parser.add_argument(
+        "--call-id",
+        default=None,
+        help="this call's id: its runs' folders, the JSON and the report's pairing "
+        "(default: the UTC time and pid); a run never pairs with another call's",
+    )
+    parser.add_argument(
+        "--models",
+        type=Path,
+        default=None,
+        help="where the model is built, or reused if there (default: the work folder); "
+        "keep it across calls so that vLLM's compile cache, keyed by the model path, hits",
+    )
+    parser.add_argument(
+        "--empty-timeout",
+        type=float,
+        default=90.0,
+        help="seconds to wait before each run for the lane's GPUs to be empty (no compute "
+        "process, <= 1 GiB used); the run's row records what was found",
+    )
     parser.add_argument("--steps", type=int, default=11, help="optimizer steps per run")
     parser.add_argument("--floor-reps", type=int, default=3, help="floor generations")
     parser.add_argument("--prompts", type=int, default=64)
@@ -702,6 +726,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.backend == "builtin":
         args.device = "cpu"
     args.repeat = 0  # the pass being run (main sets it)
+    args.position = 0  # the run's place in its pass (main sets it)
+    args.call = args.call_id or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + f"-{os.getpid()}"
     if args.quick:
         args.completion_len = min(args.completion_len, 8)
         args.prompts, args.steps, args.floor_reps = min(args.prompts, 2), min(args.steps, 3), 2
@@ -719,6 +745,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def run_order(parts: list[str], repeats: int, order: str) -> list[tuple[int, int, str]]:
+    """(pass, place in the pass, part) of every run of a lane: ``swap`` reverses every
+    other pass (A B, B A, A B ...), so a pair of two parts runs in both orders."""
+    out = []
+    for repeat in range(repeats):
+        names = parts[::-1] if order == "swap" and repeat % 2 else parts
+        out += [(repeat, position, name) for position, name in enumerate(names)]
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.combine:
@@ -730,31 +766,30 @@ def main(argv: list[str] | None = None) -> int:
     began = time.monotonic()
     end = began + args.budget
     out: Path = args.out.resolve()
-    work = out / f"work-{args.size}"
+    work = out / f"work-{args.size}" / args.call  # this call's runs only
     work.mkdir(parents=True, exist_ok=True)
     info = facts(args)
     with contextlib.suppress(Exception):
         import importlib.metadata
 
         info["trl"] = importlib.metadata.version("trl")
-    args.model = work / "model"
-    device = "cpu" if args.gpu is None or args.dry_run else "cuda:0"
-    if args.gpu is not None and not args.dry_run:  # this process too sees its GPU only
-        os.environ |= {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": str(args.gpu)}
-    args.params = build_model(args.model, args.shape, device)
-    print(f"gpu_workload {args.size}: model {args.params / 1e9:.2f} B built in "
-          f"{time.monotonic() - began:.0f} s; {info}", flush=True)  # fmt: skip
+    info["call"] = args.call
+    models = (args.models or work).resolve()
+    gpu = None if args.dry_run else args.gpu
+    args.model, args.params, how = ensure_model(models, args.shape, gpu)
+    print(f"gpu_workload {args.size}: call {args.call}, model {args.params / 1e9:.2f} B "
+          f"{how} in {time.monotonic() - began:.0f} s ({args.model}); {info}",
+          flush=True)  # fmt: skip
     if args.dry_run:
         return dry_run(args, work)
     path = args.json.resolve() if args.json else out / f"gpu_workload_{args.size}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     runs: list[Part] = []
-    baselines = {gpu: gpu_used_mib(gpu) for gpu in args.gpus}
-    for repeat, name in itertools.product(range(args.repeats), args.parts):
-        args.repeat = repeat  # the run's folder and the report's pairing
-        result = run_part(args, name, work, end, baselines)
-        result.repeat = args.repeat
-        print(f"gpu_workload {args.size}: {name} #{args.repeat} {result.status} steps "
+    for repeat, position, name in run_order(args.parts, args.repeats, args.order):
+        args.repeat, args.position = repeat, position  # the run's folder and its pairing
+        result = run_part(args, name, work, end)
+        result.repeat, result.position, result.call = repeat, position, args.call
+        print(f"gpu_workload {args.size}: {name} #{repeat} {result.status} steps "
               f"{[round(t, 2) for t in result.step_times]}", flush=True)  # fmt: skip
         runs.append(result)
         save(args, runs, info, path)  # after every run: a killed lane keeps its rows
@@ -763,31 +798,37 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if all(p.status == "ok" for p in runs) else 1
 
 
-def run_part(
-    args: argparse.Namespace, name: str, work: Path, end: float, baselines: dict[int, Any]
-) -> Part:
-    """One run of one part inside what is left of the budget and the part's own cap."""
-    waited = sum(wait_gpu_free(gpu, used) for gpu, used in baselines.items())
-    if waited > 1:
-        print(f"gpu_workload {args.size}: waited {waited:.0f} s for GPU memory", flush=True)
-    left = end - time.monotonic()
+def run_part(args: argparse.Namespace, name: str, work: Path, end: float) -> Part:
+    """One run of one part inside what is left of the budget and the part's own cap, on
+    GPUs checked empty first (the check goes in its row)."""
     if name in TWO_GPU_PARTS and args.gpu is not None and len(args.gpus) != 2:
         reason = f"not run: needs two GPUs (a lane such as {args.size}:0+1:{name})"
         return Part(name, name, status=reason)
     if name == "trl-async" and args.backend != "vllm":
         return Part(name, name, status="not run: AsyncGRPOTrainer needs a vllm serve (GPU)")
+    trainer, served = placement(args, name)
+    gpus = sorted(set(trainer + served))
+    empty = wait_empty(gpus, timeout=max(0.0, min(args.empty_timeout, end - time.monotonic())))
+    print(f"gpu_workload {args.size}: GPUs {gpus or '-'} before {name}: {empty.describe()}",
+          flush=True)  # fmt: skip
+    left = end - time.monotonic()
     if left < (20 if args.quick else NEEDS[name]):
-        return Part(name, name, status=f"not run: out of time ({left:.0f} s left)")
-    print(f"gpu_workload {args.size}: {name} #{args.repeat} with {left:.0f} s left", flush=True)
-    deadline = min(end, time.monotonic() + CAPS[name] * (3 if args.quick else 1))
-    try:
-        if name == "floor":
-            return run_floor(args, work, deadline)
-        if name in TRL_LABELS:
-            return run_trl(args, name, work, deadline)
-        return run_grpo(args, name, work, deadline)
-    except Exception as error:  # one broken part must not cost the others
-        return Part(name, name, status="error", reason=f"{type(error).__name__}: {error}")
+        result = Part(name, name, status=f"not run: out of time ({left:.0f} s left)")
+    else:
+        print(f"gpu_workload {args.size}: {name} #{args.repeat} with {left:.0f} s left",
+              flush=True)  # fmt: skip
+        deadline = min(end, time.monotonic() + CAPS[name] * (3 if args.quick else 1))
+        try:
+            if name == "floor":
+                result = run_floor(args, work, deadline)
+            elif name in TRL_LABELS:
+                result = run_trl(args, name, work, deadline)
+            else:
+                result = run_grpo(args, name, work, deadline)
+        except Exception as error:  # one broken part must not cost the others
+            result = Part(name, name, status="error", reason=f"{type(error).__name__}: {error}")
+    result.extra["gpu_before"] = empty.to_json()
+    return result
 
 
 if __name__ == "__main__":

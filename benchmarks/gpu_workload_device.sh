@@ -7,16 +7,29 @@
 # or the call cut at its deadline still returns what it measured.
 # Before: the vLLM parts in /root/vv/part-* (docs/gpu.md), and here: .whl (tomli_w) and
 # .trl-wheels (benchmarks/trl_wheels.sh), carried with the call.
+# Each call has its own id (GPU_CALL_ID, default the UTC time) and work folder: a warm
+# machine's earlier runs are never read (issue 39); the models are kept across calls in
+# $GPU_WORKLOAD_WORK/models (built once, seed 0) so vLLM's compile cache can hit. Before
+# each run the lane's GPUs are checked empty (bounded wait, never a kill) and during it
+# NVML samples the clocks and power (benchmarks/gpu_idle.py); GPU_WORKLOAD_ARGS="--repeats
+# 2" runs A B then B A.
 # The reduced plan of issue 31 (0.5B, CUDA graphs, ~9.5 min on nvidia-h100-x4):
 #   GPU_WORKLOAD_LANES="0.5b:0:sync,trl-best 0.5b:1:trl-best,sync 0.5b:2+3:split,trl-async"
 # Out (top of $OUT, 7 files at most): gpu_workload.md (every lane combined: the results
-# file), lane-*.json (every number), gpu_workload.log (the console), all.tar.gz (per lane:
-# consoles, profiles, metrics, logs; no weights).
+# file), <call>-lane-*.json (every number), gpu_workload.log (the console), all.tar.gz
+# (per lane: consoles, profiles, metrics, logs; no weights).
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu_out}
-WORK=${GPU_WORKLOAD_WORK:-/tmp/gpu_workload}
-mkdir -p "$OUT" "$WORK"
+ROOT=${GPU_WORKLOAD_WORK:-/tmp/gpu_workload}
+CALL_ID=${GPU_CALL_ID:-$(date -u +%Y%m%dT%H%M%SZ)}
+WORK=$ROOT/$CALL_ID
+if [ -e "$WORK" ]; then
+  echo "gpu_workload_device: $WORK exists: another call's folder; give GPU_CALL_ID a new id"
+  exit 2
+fi
+mkdir -p "$OUT" "$WORK" "$ROOT/models"
 exec > >(tee -a "$OUT/gpu_workload.log") 2>&1
+echo "gpu_workload_device: call $CALL_ID, work folder $WORK"
 TOTAL=${GPU_TOTAL:-575}
 source benchmarks/gpu_setup.sh
 if ! python3 -c "import trl, datasets" 2>/dev/null; then  # a warm machine may have them
@@ -45,7 +58,8 @@ for lane in $LANES; do
   mkdir -p "$WORK/$name"
   # shellcheck disable=SC2086
   timeout -k 10 $((budget + 10)) python3 benchmarks/gpu_workload.py --size "$size" \
-    --device "cuda:$gpu" --out "$WORK/$name" --json "$OUT/$name.json" --budget "$budget" \
+    --device "cuda:$gpu" --out "$WORK/$name" --json "$OUT/$CALL_ID-$name.json" \
+    --budget "$budget" --call-id "$CALL_ID" --models "$ROOT/models" \
     ${parts:+--parts ${parts//,/ }} ${GPU_WORKLOAD_ARGS:-} > "$WORK/$name/console.log" 2>&1 &
   pids+=($!)
 done
@@ -56,7 +70,7 @@ done
 echo "gpu_workload_device: every lane done after ${SECONDS}s (status $status)"
 tail -n 30 "$WORK"/lane-*/console.log
 nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
-python3 benchmarks/gpu_workload.py --combine "$OUT"/lane-*.json > "$OUT/gpu_workload.md"
+python3 benchmarks/gpu_workload.py --combine "$OUT"/*-lane-*.json > "$OUT/gpu_workload.md"
 cat "$OUT/gpu_workload.md"
 # The logs back in one archive (no model weights, rollout databases, batch files, nor any
 # file over 4 MiB).

@@ -8,10 +8,12 @@ reward (``workload_task.digit_share``) as grpo-tui's run. One generation of the 
 per optimizer step (TRL's ``steps_per_generation`` = gradient accumulation).
 
 Writes ``--out`` (JSON): the wall time of every optimizer step (a ``TrainerCallback``),
-the wall-clock time (``time.time()``) of the first step's end (start-up is measured to
-it, as for grpo-tui), peak GPU memory (torch, this process: TRL's trainer and its
-in-process vLLM), versions; on failure, the exception and its traceback, so the table shows
-why TRL did not run.
+the wall-clock time (``time.time()``) of each step's end (start-up is measured to the
+first, as for grpo-tui; the GPU's clock samples are cut at them), per step the seconds in
+its vLLM's ``generate`` and in Python's garbage collection (issue 39: what makes TRL's
+steps vary), the imports' and the trainer construction's seconds, peak GPU memory (torch,
+this process: TRL's trainer and its in-process vLLM), versions; on failure, the exception
+and its traceback, so the table shows why TRL did not run.
 
 Two TRL trainers:
 
@@ -32,6 +34,7 @@ Two TRL trainers:
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib.metadata
 import json
 import random
@@ -43,11 +46,29 @@ from typing import Any
 
 from workload_task import prompt_text, trl_reward
 
+STEP_CLOCKS = {"generate": 0.0, "gc": 0.0}
+"""Seconds in vLLM's ``generate`` and in garbage collection since the last step's end."""
+
+
+def count_gc() -> None:
+    """Add every garbage collection's duration to ``STEP_CLOCKS["gc"]`` (``gc.callbacks``)."""
+    began = {"t": 0.0}
+
+    def callback(phase: str, _info: dict[str, Any]) -> None:
+        if phase == "start":
+            began["t"] = time.perf_counter()
+        elif began["t"]:
+            STEP_CLOCKS["gc"] += time.perf_counter() - began["t"]
+            began["t"] = 0.0
+
+    gc.callbacks.append(callback)
+
 
 def step_timer(record: dict[str, Any], out: str) -> Any:
     """A ``TrainerCallback`` that records each optimizer step's wall time (generation
-    included) and the first step's end (start-up ends there) in ``record``, and rewrites
-    ``out`` after every step, so partial results survive a kill."""
+    included), its end (``time.time()``: start-up ends at the first) and its generate and
+    gc seconds in ``record``, and rewrites ``out`` after every step, so partial results
+    survive a kill."""
     from transformers import TrainerCallback
 
     steps: list[float] = []
@@ -60,12 +81,31 @@ def step_timer(record: dict[str, Any], out: str) -> Any:
         def on_step_end(self, *_: Any, **__: Any) -> None:
             now = time.perf_counter()
             record.setdefault("first_step_end", time.time())
+            record.setdefault("step_ends", []).append(time.time())
+            record.setdefault("generate_s_per_step", []).append(round(STEP_CLOCKS["generate"], 4))
+            record.setdefault("gc_s_per_step", []).append(round(STEP_CLOCKS["gc"], 4))
+            STEP_CLOCKS.update(generate=0.0, gc=0.0)
             steps.append(now - marks["last"])
             marks["last"] = now
             record["step_times"] = steps
             Path(out).write_text(json.dumps(record, indent=1))
 
     return StepTimer()
+
+
+def timed_generate(llm: Any) -> Any:
+    """``llm`` with its ``generate`` timed into ``STEP_CLOCKS["generate"]``."""
+    generate = llm.generate
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        began = time.perf_counter()
+        try:
+            return generate(*args, **kwargs)
+        finally:
+            STEP_CLOCKS["generate"] += time.perf_counter() - began
+
+    llm.generate = timed
+    return llm
 
 
 def shared_settings(args: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
@@ -95,6 +135,7 @@ def shared_settings(args: argparse.Namespace, on_gpu: bool) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
+    began = time.perf_counter()
     import torch
     from datasets import Dataset
     from datasets.table import InMemoryTable
@@ -110,9 +151,14 @@ def run(args: argparse.Namespace, record: dict[str, Any]) -> None:
             extra["kv_cache_memory_bytes"] = args.kv_cache_gib << 30
 
         def with_extra(*a: Any, **kw: Any) -> Any:
-            return engine(*a, **(kw | extra))
+            started = time.perf_counter()
+            llm = engine(*a, **(kw | extra))
+            record["vllm_init_s"] = time.perf_counter() - started
+            return timed_generate(llm)
 
         vllm_generation.LLM = with_extra
+    record["import_s"] = time.perf_counter() - began  # torch, transformers, TRL (+ vLLM)
+    count_gc()
 
     rng = random.Random(0)
     prompts = [prompt_text(rng, args.prompt_len) for _ in range(args.prompts * (args.steps + 1))]

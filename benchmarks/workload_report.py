@@ -17,6 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpu_idle import EMPTY_MIB, EmptyCheck, correlation, per_step
+from workload_startup import table as startup_table
+
 PARTS = (
     "floor", "sync", "trl-best", "trl", "overlap", "lora", "colocate",
     "split", "trl-async", "colocate2",
@@ -43,7 +46,11 @@ class Part:
     gpus: list[int] = field(default_factory=list)
     """Every GPU it used, when more than one (``split``, ``trl-async``, ``colocate2``)."""
     repeat: int = 0
-    """Which pass over the lane's parts (they alternate: A B A B ...)."""
+    """Which pass over the lane's parts (A B, then B A with ``--order swap``)."""
+    position: int = 0
+    """Its place in that pass: 0 ran first."""
+    call: str = ""
+    """The device call that ran it: runs pair only within one call (issue 39)."""
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -58,8 +65,14 @@ class Part:
 
     @property
     def where(self) -> tuple[int | None, ...]:
-        """The lane it ran on: its GPUs (the pairing key with ``repeat``)."""
+        """The lane it ran on: its GPUs (the pairing key with ``call`` and ``repeat``)."""
         return tuple(self.gpus) if self.gpus else (self.gpu,)
+
+    @property
+    def empty_before(self) -> str:
+        """The empty-GPU check before it: ``empty``, ``not empty``, ``no NVML`` (not
+        checked), or ``-`` for runs measured before the check existed."""
+        return str(self.extra.get("gpu_before", {}).get("status", "-"))
 
 
 GOALS: list[tuple[str, str, str, float | None, str]] = [
@@ -93,20 +106,36 @@ def tokens_per_s(args: argparse.Namespace, seconds: float | None) -> float | Non
     return args.prompts * args.group_size * args.completion_len / seconds
 
 
+def pairs(runs: list[Part], top: str, bottom: str) -> list[tuple[Part, Part]]:
+    """Every run ``a`` of ``top`` with a run ``b`` of ``bottom`` of the same call, on the
+    same GPUs and in the same pass (a floor, measured once per lane, pairs with every pass).
+    A run that found its GPU not empty pairs with nothing."""
+    out = []
+    for a in runs:
+        if a.part != top or a.step is None or a.empty_before == "not empty":
+            continue
+        for b in runs:
+            same = b.call == a.call and b.where == a.where
+            same = same and (b.repeat == a.repeat or b.part == "floor")
+            if b.part == bottom and same and b.empty_before != "not empty":
+                out.append((a, b))
+    return out
+
+
 def paired(
     runs: list[Part], top: str, bottom: str, value: Callable[[Part, Part], float | None]
 ) -> list[float]:
-    """``value(a, b)`` for every run ``a`` of ``top`` with a run ``b`` of ``bottom`` on the
-    same GPUs and repeat (a floor, measured once per lane, pairs with every repeat)."""
-    out = []
-    for a in runs:
-        if a.part != top or a.step is None:
-            continue
-        for b in runs:
-            same = b.where == a.where and (b.repeat == a.repeat or b.part == "floor")
-            if b.part == bottom and same and (ratio := value(a, b)) is not None:
-                out.append(ratio)
-    return out
+    """``value(a, b)`` over :func:`pairs` (None values left out)."""
+    return [v for a, b in pairs(runs, top, bottom) if (v := value(a, b)) is not None]
+
+
+def orders(runs: list[Part], top: str, bottom: str) -> str:
+    """How the counted pairs ran: ``2 with sync first, 1 with trl-best first``."""
+    first = {bottom: 0, top: 0}
+    for a, b in pairs(runs, top, bottom):
+        if a.step and b.step and a.position != b.position:
+            first[top if a.position < b.position else bottom] += 1
+    return ", ".join(f"{n} with {name} first" for name, n in first.items() if n)
 
 
 def judge(goal: str, ratios: list[float], limit: float | None, most: bool) -> str:
@@ -138,7 +167,10 @@ def verdicts(runs: list[Part]) -> list[str]:
     for top, bottom, _, limit, goal in GOALS:
         if any(p.part in (top, bottom) for p in runs):
             ratios = paired(runs, top, bottom, lambda a, b: a.step / b.step if b.step else None)
-            lines.append(judge(goal, ratios, limit, most=False))
+            line = judge(goal, ratios, limit, most=False)
+            if ratios and (how := orders(runs, top, bottom)):
+                line += f" [orders: {how}]"
+            lines.append(line)
     return lines
 
 
@@ -179,21 +211,117 @@ def system_rows(args: argparse.Namespace, runs: list[Part]) -> list[str]:
 
 
 def run_rows(runs: list[Part]) -> list[str]:
-    """One row per run (grouped by part, then lane and repeat)."""
+    """One row per run (grouped by part, then lane and pass): its call, its place in the
+    pass (1 = first), and the GPU as the empty-GPU check found it."""
     lines = [
-        "| part | repeat | GPU | status | counted steps | step s median | steps (s) | start-up s |",
-        "|---|---|---|---|---|---|---|---|",
+        "| part | call | pass.place | GPU | GPU before the run | status | counted steps "
+        "| step s median | steps (s) | start-up s |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in runs:
         status = p.status if not p.reason else f"{p.status}: {p.reason[:300]}"
         status = status.replace("|", "/").replace("\n", " ")
         where = "+".join(map(str, p.where)) if p.where != (None,) else "-"
         steps = " ".join(f"{t:.2f}" for t in p.step_times)
+        before = p.extra.get("gpu_before")
+        check = EmptyCheck(**before).describe() if before else "-"
         lines.append(
-            f"| {p.part} | {p.repeat} | {where} | {status} | {len(p.step_times)} | {_s(p.step)} "
+            f"| {p.part} | {p.call or '-'} | {p.repeat}.{p.position + 1} | {where} | "
+            f"{check.replace('|', '/')} | {status} | {len(p.step_times)} | {_s(p.step)} "
             f"| {steps} | {_s(p.startup_s)} |"
         )
     return lines
+
+
+def empty_check_lines(runs: list[Part]) -> list[str]:
+    """The empty-GPU check, stated: how many runs found their GPUs empty."""
+    checked = [p for p in runs if p.extra.get("gpu_before")]
+    if not checked:
+        return []
+    found = [EmptyCheck(**p.extra["gpu_before"]) for p in checked]
+    empty = [c for c in found if c.empty]
+    busy = [(p, c) for p, c in zip(checked, found, strict=True) if c.status == "not empty"]
+    line = (
+        f"Empty GPU before each run (bounded wait for no compute process and at most "
+        f"{EMPTY_MIB} MiB used on the run's GPUs; nothing found there is ever killed): "
+        f"{len(empty)} of {len(checked)} runs found them empty"
+    )
+    if empty:
+        line += f" (longest wait {max(c.waited_s for c in empty):.1f} s)"
+    if busy:
+        line += "; not empty, so paired with nothing: " + "; ".join(
+            f"{p.part} #{p.repeat} ({c.describe()})" for p, c in busy
+        )
+    unchecked = sum(c.status == "no NVML" for c in found)
+    if unchecked:
+        line += f"; {unchecked} not checked (no NVML)"
+    return [line + ".", ""]
+
+
+def startup_lines(runs: list[Part]) -> list[str]:
+    """Where each run's start-up went (``workload_startup.py``)."""
+    rows = [
+        (f"{p.part} #{p.repeat} ({p.call or '-'})", p.extra["startup"])
+        for p in runs
+        if p.extra.get("startup")
+    ]
+    lines = startup_table(rows)
+    if not lines:
+        return []
+    return [
+        "Start-up, from the command to the end of the first optimizer step (columns "
+        "without `s`: seconds from the command; with `s`: durations, vLLM's from its log; "
+        "TRL's vLLM runs inside its trainer's construction, `TRL init s`):",
+        "",
+        *lines,
+        "",
+    ]
+
+
+def _range(values: list[float], spec: str = ".1f") -> str:
+    if not values:
+        return "-"
+    return f"{min(values):{spec}} / {statistics.median(values):{spec}} / {max(values):{spec}}"
+
+
+def variance_lines(runs: list[Part]) -> list[str]:
+    """Per run: its steps against the GPU's clocks and power during each step, and, for
+    TRL, its generation and garbage-collection time per step (issue 39: TRL's steps ran
+    9.9-17.9 s within a run)."""
+    lines = []
+    for p in runs:
+        rows, ends = p.extra.get("gpu_samples"), p.extra.get("step_ends")
+        if not p.step_times or not rows or not ends or len(ends) < 2:
+            continue
+        steps = per_step(rows, [float(t) for t in ends])
+        seconds = [s["seconds"] for s in steps if "sm_mhz" in s]
+        clocks = [s["sm_mhz"] for s in steps if "sm_mhz" in s]
+        power = [s["power_w"] for s in steps if "sm_mhz" in s]
+        reasons = sorted({r for s in steps for r in s.get("reasons", [])})
+        r_clock, r_power = correlation(seconds, clocks), correlation(seconds, power)
+        gen = [float(x) for x in p.extra.get("generate_s_per_step") or []]
+        gc_s = [float(x) for x in p.extra.get("gc_s_per_step") or []]
+        lines.append(
+            f"| {p.part} #{p.repeat} ({p.call or '-'}) | {_range(p.step_times, '.2f')} | "
+            f"{_range(clocks, '.0f')} | {_range(power, '.0f')} | {', '.join(reasons) or '-'} "
+            f"| {'-' if r_clock is None else f'{r_clock:+.2f}'} | "
+            f"{'-' if r_power is None else f'{r_power:+.2f}'} | {_range(gen, '.2f')} | "
+            f"{_range(gc_s, '.2f')} |"
+        )
+    if not lines:
+        return []
+    return [
+        "Step-time variance against the GPU (NVML every 0.5 s during each step; min / "
+        "median / max over the run's counted steps; r = correlation with the step time over "
+        "the steps; reasons = NVML clock-event reasons seen: power cap, thermal, power "
+        "brake; TRL: its vLLM generate calls and Python's garbage collection per step):",
+        "",
+        "| run | step s | SM clock MHz | power W | clock reasons | r(step, SM clock) | "
+        "r(step, power) | TRL generate s | TRL gc s |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *lines,
+        "",
+    ]
 
 
 def markdown(args: argparse.Namespace, runs: list[Part], info: dict[str, str]) -> str:
@@ -221,13 +349,23 @@ def markdown(args: argparse.Namespace, runs: list[Part], info: dict[str, str]) -
             else ""
         ),
         f"- {args.steps} optimizer steps per run, the first not counted; runs of a lane "
-        "alternate between systems; start-up = from the command's start to the end of the "
-        "first optimizer step, for every system",
+        "alternate between systems"
+        + (
+            ", each pass in the reverse order of the one before (A B, B A)"
+            if getattr(args, "order", "same") == "swap"
+            else ""
+        )
+        + "; a ratio pairs runs of one call, lane and pass only; start-up = from the "
+        "command's start to the end of the first optimizer step, for every system",
+        f"- calls: {', '.join(sorted({p.call for p in runs if p.call})) or 'not recorded'}",
         "",
         *system_rows(args, runs),
         "",
         *run_rows(runs),
         "",
+        *empty_check_lines(runs),
+        *startup_lines(runs),
+        *variance_lines(runs),
     ]
     for floor in (p for p in runs if p.part == "floor" and p.step_times):
         where = "CPU" if floor.gpu is None else f"GPU {floor.gpu}"

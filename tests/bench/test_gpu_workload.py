@@ -9,6 +9,7 @@ did not run and judges the issue's targets from the numbers.
 from __future__ import annotations
 
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -174,7 +175,7 @@ def test_report_keeps_what_did_not_run_and_judges_the_floor_goals() -> None:
         Part("lora", "ours", gpu=0),  # never started: out of time
     ]
     text = markdown(args, parts, {"device": "H200"})
-    assert "| lora | 0 | 0 | not run: out of time | 0 |" in text
+    assert "| lora | - | 0.1 | 0 | - | not run: out of time | 0 |" in text
     assert "colocate2" not in text  # no two-GPU part here: no verdict about one
     assert "sync step / floor sum (same GPU): 0.89 (range 0.89-0.89, 1 pairs), goal <= 0.9" in text
     assert "overlap step / floor max (same GPU): 1.33" in text and "NOT met" in text
@@ -212,3 +213,96 @@ def test_prompts_are_128_tokens_and_rewards_differ_in_a_group() -> None:
     group = [[sampled.randrange(len(tokenizer)) for _ in range(256)] for _ in range(8)]
     scores = {task.score(task.sample(rng), tokenizer.decode(ids)) for ids in group}
     assert len(scores) > 1 and all(0 < s < 1 for s in scores)
+
+
+STALE_STEP = 1000.0
+"""The step interval of the planted leftover run: no real run on this machine takes it."""
+
+
+def plant_leftover_run(run_dir: Path, steps: int = 11) -> None:
+    """What an earlier call's ``sync`` run leaves on a warm machine: a run folder whose
+    trainer logged ``steps`` optimizer steps, ``STALE_STEP`` s apart."""
+    run_dir.mkdir(parents=True)
+    lines = [
+        {"type": "metrics", "process": "trainer", "step": i + 1, "t": 1.0e6 + STALE_STEP * i,
+         "data": {"step_time": 1.0, "reward/mean": 0.5}}
+        for i in range(steps)
+    ]  # fmt: skip
+    (run_dir / "metrics.jsonl").write_text(
+        "".join(gpu_workload.json.dumps(x) + "\n" for x in lines)
+    )
+
+
+def test_a_lane_never_reuses_an_earlier_calls_run(tmp_path: Path) -> None:
+    """Issue 39, call 2: on a warm machine the lane found the previous call's ``sync`` run
+    in its work folder, counted its 11 steps as its own, and paired them with a new TRL
+    run. Here an earlier call's runs lie in every folder a lane of this size could look
+    (the old shared layout and a per-call one); a real ``sync`` run of a new call (CPU,
+    built-in server) reports only its own steps, or none, never the planted ones."""
+    work = tmp_path / "lane" / "work-0.5b"
+    plant_leftover_run(work / "sync-0" / "runs" / "sync-20261129-000000")
+    plant_leftover_run(work / "20261129T000000Z" / "sync-0" / "run")
+    out = tmp_path / "lane.json"
+    argv = ["--quick", "--parts", "sync", "--out", str(tmp_path / "lane"), "--json", str(out)]
+    argv += ["--budget", "120", "--steps", "3"]  # the call's id: its own, by default
+    done = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / "gpu_workload.py"), *argv],
+        capture_output=True, text=True, cwd=REPO, timeout=400,
+    )  # fmt: skip
+    raw = gpu_workload.json.loads(out.read_text())
+    (part,) = raw["parts"]
+    assert part["part"] == "sync", done.stdout[-2000:]
+    assert STALE_STEP not in part["step_times"], part
+    assert all(t < 100 for t in part["step_times"]), part  # real CPU steps, seconds apart
+    call = part["call"]
+    assert call and call != "20261129T000000Z" and raw["facts"]["call"] == call
+    if part["status"] == "ok":  # it ran to its steps: they came from its own run folder
+        assert len(part["step_times"]) == 2 and len(part["extra"]["step_ends"]) == 3
+    assert (work / call / "sync-0" / "run" / "events.jsonl").is_file()
+
+
+def test_passes_swap_the_order_so_a_pair_runs_both_ways() -> None:
+    assert gpu_workload.run_order(["sync", "trl-best"], 3, "swap") == [
+        (0, 0, "sync"), (0, 1, "trl-best"),
+        (1, 0, "trl-best"), (1, 1, "sync"),
+        (2, 0, "sync"), (2, 1, "trl-best"),
+    ]  # fmt: skip
+    same = gpu_workload.run_order(["sync", "trl-best"], 2, "same")
+    assert [name for _, _, name in same] == ["sync", "trl-best", "sync", "trl-best"]
+
+
+def test_ratios_pair_runs_of_one_call_and_count_both_orders() -> None:
+    """Two calls on the same GPU, each one pass: a ratio never pairs a run of one call with
+    a run of the other (call 2 of issue 39 did), and the line says which ran first."""
+    args = gpu_workload.parse_args(["--out", "x"])
+    args.params = 494e6
+    runs = [
+        run("sync", [10.0] * 3, call="A", position=0),
+        run("trl-best", [13.0] * 3, call="A", position=1),
+        run("trl-best", [12.0] * 3, call="B", position=0),
+        run("sync", [11.0] * 3, call="B", position=1),
+        run("trl-best", [30.0] * 3, call="C"),  # TRL alone in its call: paired with nothing
+    ]
+    line = next(x for x in markdown(args, runs, {}).splitlines() if "at its best" in x)
+    assert "1.20 (range 1.09-1.30, 2 pairs)" in line  # not 3.0: C's TRL has no sync
+    assert "[orders: 1 with sync first, 1 with trl-best first]" in line
+
+
+def test_a_run_that_found_its_gpu_busy_pairs_with_nothing_and_the_report_says_so() -> None:
+    args = gpu_workload.parse_args(["--out", "x"])
+    args.params = 494e6
+    busy = {"gpus": [0], "status": "not empty", "waited_s": 90.0, "used_mib": {"0": 4096.0},
+            "processes": ["GPU 0 pid 77 VLLM::EngineCore 3900 MiB"]}  # fmt: skip
+    empty = {"gpus": [0], "status": "empty", "waited_s": 2.5, "used_mib": {"0": 530.0},
+             "processes": []}  # fmt: skip
+    runs = [
+        run("sync", [10.0], position=0, extra={"gpu_before": empty}),
+        run("trl-best", [13.0], position=1, extra={"gpu_before": busy}),
+    ]
+    text = markdown(args, runs, {})
+    assert "1 of 2 runs found them empty (longest wait 2.5 s)" in text
+    assert "paired with nothing: trl-best #0 (not empty (4.0 GiB used, waited 90.0 s; " \
+        "GPU 0 pid 77 VLLM::EngineCore 3900 MiB))" in text  # fmt: skip
+    assert "TRL colocate at its best (IS correction off) step / ours synchronous step: " \
+        "not measured" in text  # fmt: skip
+    assert "| sync | - | 0.1 | 0 | empty (0.5 GiB used, waited 2.5 s) | ok |" in text
