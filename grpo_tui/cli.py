@@ -607,6 +607,11 @@ def _describe_spec(index: int, spec: ProcessSpec) -> list[str]:
     ]
     if spec.liveness is not None:
         lines.append(f"   liveness:   {describe_probe(spec.liveness)}")
+    if (progress := spec.progress) is not None:
+        lines.append(
+            f"   progress:   POST {progress.url} once idle {progress.idle_after:g}s "
+            f"(checked every {progress.period:g}s)"
+        )
     if spec.needs:
         lines.append(f"   needs:      {'; '.join(need.describe() for need in spec.needs)}")
     if spec.port is not None:

@@ -28,6 +28,7 @@ from grpo_tui.supervisor.spec import (
     LogLineProbe,
     Need,
     ProcessSpec,
+    ProgressProbe,
     RestartPolicy,
     Shutdown,
 )
@@ -49,6 +50,18 @@ TRAINER_SHUTDOWN = 120.0
 # engine core was gone 0.1 s after the SIGTERM, uvicorn "waiting for connections to close"
 # the rest). Inference holds nothing to save, so its grace is short.
 INFERENCE_SHUTDOWN = 3.0
+
+GENERATED = (
+    "vllm:request_success_total",
+    "vllm:generation_tokens_total",
+    "sglang:generation_tokens_total",
+)
+"""Counters whose growth says inference generates: requests completed, tokens generated
+(vLLM's names, which the built-in server uses too, and SGLang's)."""
+GENERATION_IDLE = 60.0
+"""Seconds without a completed request or a generated token before inference is asked for
+one token; the ask waits 30 s, twice in a row before a restart: a paused engine (a weight
+sync, a reload in place) answers well within that, a stuck scheduler never does."""
 
 HEALTHY = Dependency(condition=Condition.HEALTHY)
 STARTED = Dependency(condition=Condition.STARTED)
@@ -119,8 +132,35 @@ def inference_spec(settings: RoleSettings, topology: Topology, overrides: Overri
         liveness=HttpProbe(
             url=health, initial_delay=10, period=15, timeout=10, failure_threshold=4
         ),
+        progress=generation_probe(settings, overrides.mode),
         restart=RestartPolicy(policy="always", backoff_base=1.0, max_restarts=5),
         shutdown=Shutdown(timeout=INFERENCE_SHUTDOWN),
+    )
+
+
+def generation_probe(settings: RoleSettings, mode: str) -> ProgressProbe | None:
+    """Inference is healthy only if it generates: its ``/health`` still answers when its
+    scheduler is stuck (peers report vLLM's missing a deadlocked one). Once nothing was
+    generated for ``GENERATION_IDLE`` s, a one-token completion of the base model. None in
+    ``colocate``, whose engine sleeps by design while the trainer steps."""
+    if mode == "colocate":
+        return None
+    served = require(settings.inference)
+    return ProgressProbe(
+        url=f"{settings.inference_url}/v1/completions",
+        body={
+            "model": served.base_model_name(mode),
+            "prompt": [0],
+            "max_tokens": 1,
+            "temperature": 0.0,
+        },
+        bearer_env=INFERENCE_KEY_ENV if settings.token is not None else None,
+        metrics_url=f"{settings.inference_url}/metrics",
+        counters=list(GENERATED),
+        idle_after=GENERATION_IDLE,
+        period=10,
+        timeout=30,
+        failure_threshold=2,
     )
 
 

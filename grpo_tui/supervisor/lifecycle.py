@@ -142,6 +142,8 @@ class ProcessLife:
         self.last_reason = ""
         self.health: str | None = None
         self.changed = asyncio.Event()
+        self._reprobe = asyncio.Event()
+        """Set when a replaced spec changes the health probes of a running process."""
         self.lock = asyncio.Lock()  # one start/stop/restart at a time
         log = sink.file.path.with_name(f"{spec.name}.standby.log")
         self.standby = Standby(spec.name, log, hooks.spawn, hooks.publish)
@@ -224,9 +226,13 @@ class ProcessLife:
         await self.standby.discard(signal.SIGKILL)
 
     def replace_spec(self, spec: ProcessSpec) -> None:
-        """Use ``spec`` from the next start on (a changed one is published as planned)."""
+        """Use ``spec`` from the next start on (a changed one is published as planned); its
+        liveness and progress probes at once, where the process runs (a mode switched in
+        place may turn one off)."""
         if spec != self.spec:
             self.hooks.publish(planned(spec))
+        if (spec.liveness, spec.progress) != (self.spec.liveness, self.spec.progress):
+            self._reprobe.set()
         self.spec = spec
 
     async def until(self, predicate: Callable[[], bool], *others: ProcessLife) -> None:
@@ -421,11 +427,20 @@ class ProcessLife:
         else:
             self._keep_standby()  # (a first start's waits until here: no competing imports)
             watch = asyncio.ensure_future(self._watch_health())
+        self._reprobe.clear()
+        reprobe = asyncio.ensure_future(self._reprobe.wait())
         try:
             while True:
-                await self._first(exited, watch)
+                await self._first(exited, watch, reprobe)
                 if self.stopping or exited.done():
                     break
+                if reprobe.done():  # a replaced spec's health probes, from now on
+                    self._reprobe.clear()
+                    reprobe = asyncio.ensure_future(self._reprobe.wait())
+                    if self.state in PROBED:
+                        watch.cancel()
+                        watch = asyncio.ensure_future(self._watch_health())
+                    continue
                 if self.state is State.STARTING:
                     watch.result()
                     self.health = "ok"
@@ -441,6 +456,7 @@ class ProcessLife:
                 return Ended(code, reason, self._lasted(), unhealthy=True)
         finally:
             watch.cancel()
+            reprobe.cancel()
         if self.stopping:
             await self._end(child, exited)
             return None

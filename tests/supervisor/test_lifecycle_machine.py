@@ -835,3 +835,23 @@ def test_the_docs_show_the_table_the_code_checks() -> None:
     docs = (Path(__file__).parents[2] / "docs" / "supervisor.md").read_text()
     shown = docs.split("<!-- transitions:begin -->\n")[1].split("<!-- transitions:end -->")[0]
     assert shown == markdown_table(), "regenerate it: python -m grpo_tui.supervisor.transitions"
+
+
+async def test_a_spec_replaced_while_it_runs_takes_its_health_probes_at_once(
+    machine: Make,
+) -> None:
+    """A mode switched in place replaces the spec of a running server: a progress probe it
+    turns off (an engine that will sleep by design) stops now, not at the next start."""
+    m = await ready(machine(spec(readiness=READINESS, progress=progress())))
+    await m.clock.asleep(5)
+    m.life().replace_spec(spec(readiness=READINESS))
+    await eventually(lambda: m.clock.sleeping == [])
+    m.clock.advance(600)
+    await asyncio.sleep(0)
+    assert m.prober.asked == [] and m.life().state is State.READY
+    m.life().replace_spec(spec(readiness=READINESS, progress=progress(idle_after=10)))
+    await m.clock.asleep(5)
+    await m.clock.tick(5)
+    await m.clock.tick(5)
+    await m.clock.asleep(5)
+    assert m.prober.asked == [None]
