@@ -51,8 +51,8 @@ import tomli_w
 
 from grpo_tui.headless import write_run_dir
 from grpo_tui.plan.profile import load_profile
-from grpo_tui.plan.roles import Plan, build_plan
-from grpo_tui.stack.modes import SwitchPlan, SwitchPlanner
+from grpo_tui.plan.roles import Plan, SwitchPlan, build_plan
+from grpo_tui.stack.modes import SwitchPlanner
 from grpo_tui.stack.stack import GrpoStack
 from grpo_tui.supervisor.supervisor import RunOutcome, Supervisor
 

@@ -37,7 +37,6 @@ from grpo_tui.plan.profile import (
 from grpo_tui.plan.settings import RESTART_SYNC_EVERY, RoleSettings, with_keys
 from grpo_tui.plan.specs import adjusted, role_spec, source
 from grpo_tui.plan.topology import Topology, cluster_problems, plan_topology
-from grpo_tui.stack.modes import SwitchPlan
 from grpo_tui.supervisor.control import ControlEndpoint
 from grpo_tui.supervisor.spec import ProcessSpec
 
@@ -58,6 +57,17 @@ def run_dir_for(profile: Profile, now: datetime | None = None) -> Path:
         suffix += 1
         run_dir = base.with_name(f"{base.name}-{suffix}")
     return run_dir
+
+
+@dataclass(frozen=True)
+class SwitchPlan:
+    """What a switch to a mode restarts, each with the reason; None: it keeps running.
+
+    The plan's answer (:meth:`Plan.mode_switch`); the stack's mode switch acts on it
+    (``grpo_tui/stack/modes.py``)."""
+
+    inference: str | None
+    trainer: str | None
 
 
 @dataclass(frozen=True)

@@ -21,23 +21,15 @@ import asyncio
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from grpo_trainer.run_notices import MODE_SWITCH_FILE, ModeSwitch, ModeSwitched, write_notice
+from grpo_tui.plan.roles import SwitchPlan
 from grpo_tui.supervisor.supervisor import ProcessFailed, Supervisor
 
 TRAINER = "trainer"
 INFERENCE = "inference"
 TRAINER_MODULE = "grpo_trainer.train"
 SAY_EVERY = 15.0
-
-
-@dataclass(frozen=True)
-class SwitchPlan:
-    """What a switch to a mode restarts, each with the reason; None: it keeps running."""
-
-    inference: str | None
-    trainer: str | None
 
 
 SwitchPlanner = Callable[[str], SwitchPlan]

@@ -6,8 +6,10 @@ import asyncio
 import contextlib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from grpo_tui.plan.roles import Plan
+from grpo_tui.plan.settings import trainer_config
 from grpo_tui.stack.edits import Editor, apply_edit
 from grpo_tui.stack.inference_life import InferenceLifeWriter
 from grpo_tui.stack.modes import SwitchAnswers, SwitchPlanner, switch_mode
@@ -15,9 +17,6 @@ from grpo_tui.stack.requests import stack_requests
 from grpo_tui.stack.stall import StallWatch
 from grpo_tui.supervisor.outcome import RunOutcome
 from grpo_tui.supervisor.supervisor import Supervisor
-
-if TYPE_CHECKING:
-    from grpo_tui.plan.roles import Plan
 
 
 class GrpoStack:
@@ -38,15 +37,14 @@ class GrpoStack:
         self.stall = stall
         self.planner = planner
         self.switch_answers = SwitchAnswers()
-        for action, handler in stack_requests(self).items():
+        requests = stack_requests(self.edit, self.switch_mode, self.switch_answers)
+        for action, handler in requests.items():
             supervisor.handle(action, handler)
 
     @classmethod
     def from_plan(cls, plan: Plan) -> GrpoStack:
         """The stack of a checked plan: its specs, exit process, respec and edit callbacks,
         what to do when a needed process fails, and the stall watchdog over its trainer."""
-        from grpo_tui.plan.settings import trainer_config
-
         run = plan.profile.run
         supervisor = Supervisor(
             plan.specs,
