@@ -133,8 +133,8 @@ def run_cell(shape: str, mode: str, batches: list[int], args: argparse.Namespace
     import torch
     from transformers import Qwen2ForCausalLM
 
+    from grpo_trainer.serve.command_lines import inference_command
     from grpo_trainer.serve.launch import ServerProcess
-    from grpo_trainer.serve.settings import inference_command
     from grpo_trainer.sync.base import SyncContext
     from grpo_trainer.sync.registry import make_strategy
 

@@ -27,8 +27,9 @@ from pathlib import Path
 
 import httpx
 
+from grpo_trainer.serve.command_lines import inference_command
 from grpo_trainer.serve.launch import ServerProcess
-from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.serve.settings import InferenceSettings
 
 REPO = Path(__file__).resolve().parents[1]
 PROMPT_LEN = 8

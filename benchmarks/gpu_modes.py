@@ -47,7 +47,7 @@ import psutil
 import tomli_w
 
 from grpo_trainer.serve.capabilities import restarts_inference
-from grpo_trainer.serve.settings import SGLANG_REFUSED
+from grpo_trainer.serve.command_lines import SGLANG_REFUSED
 from grpo_tui.supervisor.tree import PROCESS_VAR, RUN_ID_VAR, is_alive, tagged
 
 REPO = Path(__file__).resolve().parents[1]

@@ -317,8 +317,9 @@ def floor_generate(args: argparse.Namespace, cell: Path, result: Part, deadline:
     from grpo_trainer.envs.inference import SamplingRequest, complete
     from grpo_trainer.envs.task import Prompt
     from grpo_trainer.envs.tokenizer import load_prompt_tokenizer
+    from grpo_trainer.serve.command_lines import inference_command
     from grpo_trainer.serve.launch import ServerProcess
-    from grpo_trainer.serve.settings import InferenceSettings, inference_command
+    from grpo_trainer.serve.settings import InferenceSettings
 
     port = free_ports(1, first=23000 + 100 * (args.gpu or 0))[0]
     table = {k: v for k, v in inference_table(args, port).items() if k != "gpus"}
@@ -542,8 +543,9 @@ def trl_server(args: argparse.Namespace, work: Path, gpu: int) -> Any:
     """``vllm serve`` for ``AsyncGRPOTrainer`` on ``gpu``: our command builder's vLLM line
     (same KV cache, max-num-seqs, CUDA graphs or not), with TRL's requirements: dev mode,
     NCCL weight transfer, and the model path as served name (TRL requests that name)."""
+    from grpo_trainer.serve.command_lines import inference_command
     from grpo_trainer.serve.launch import ServerProcess
-    from grpo_trainer.serve.settings import InferenceSettings, inference_command
+    from grpo_trainer.serve.settings import InferenceSettings
 
     port = free_ports(1, first=24000 + 100 * gpu)[0]
     table = {k: v for k, v in inference_table(args, port).items() if k != "gpus"}

@@ -27,8 +27,9 @@ from peft import LoraConfig, get_peft_model
 from torch import nn
 
 from grpo_trainer.models import build_tiny_model, load_model
+from grpo_trainer.serve.command_lines import inference_command
 from grpo_trainer.serve.launch import ServerProcess
-from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.serve.settings import InferenceSettings
 from grpo_trainer.sync.base import MODES, SyncContext
 from grpo_trainer.sync.registry import make_strategy
 

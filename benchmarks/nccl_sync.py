@@ -180,8 +180,8 @@ def measure_sync(shape: str, work: Path, args: argparse.Namespace) -> dict[str, 
     import torch
     from transformers import Qwen2ForCausalLM
 
+    from grpo_trainer.serve.command_lines import inference_command
     from grpo_trainer.serve.launch import ServerProcess
-    from grpo_trainer.serve.settings import inference_command
     from grpo_trainer.sync.base import SyncContext
     from grpo_trainer.sync.vllm_shared import VllmSharedSync
 

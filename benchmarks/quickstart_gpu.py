@@ -50,7 +50,7 @@ import tomli_w
 from gpu_modes import _lines, facts, free_ports, run_id_of, sglang_settings, sweep, tail, vllm_cli
 from gpu_workload import stop_group
 
-from grpo_trainer.serve.settings import SGLANG_REFUSED
+from grpo_trainer.serve.command_lines import SGLANG_REFUSED
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = REPO / "profiles" / "quickstart-gpu.toml"

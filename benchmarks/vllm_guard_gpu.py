@@ -23,8 +23,9 @@ import httpx
 import psutil
 
 from grpo_trainer.models import build_tiny_model
+from grpo_trainer.serve.command_lines import VLLM_TOKEN_GUARD, inference_command
 from grpo_trainer.serve.launch import ServerProcess
-from grpo_trainer.serve.settings import VLLM_TOKEN_GUARD, InferenceSettings, inference_command
+from grpo_trainer.serve.settings import InferenceSettings
 from grpo_trainer.sync.client import InferenceClient
 
 DEV_ROUTES = ("/pause", "/resume", "/reset_prefix_cache", "/collective_rpc")

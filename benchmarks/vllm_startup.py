@@ -33,7 +33,8 @@ from pathlib import Path
 
 import httpx
 
-from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.serve.command_lines import inference_command
+from grpo_trainer.serve.settings import InferenceSettings
 from grpo_tui.plan.profile import load_profile
 
 REPO = Path(__file__).resolve().parents[1]

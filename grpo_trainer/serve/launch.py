@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from grpo_trainer.serve.settings import InferenceLaunch
+from grpo_trainer.serve.command_lines import InferenceLaunch
 
 
 class ServerStartError(RuntimeError):

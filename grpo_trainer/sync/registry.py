@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from grpo_trainer.control import SupervisorLink
 from grpo_trainer.serve.capabilities import restarts_inference
-from grpo_trainer.serve.settings import SGLANG_REFUSED
+from grpo_trainer.serve.command_lines import SGLANG_REFUSED
 from grpo_trainer.sync.base import MODES, SyncContext, WeightSync
 from grpo_trainer.sync.colocate import ColocateSharedSync, VllmColocateSync
 from grpo_trainer.sync.lora_only import HotSwapSync

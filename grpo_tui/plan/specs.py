@@ -15,7 +15,8 @@ from typing import Any
 
 from grpo_trainer.api.settings import TOKEN_ENV
 from grpo_trainer.serve.capabilities import restarts_inference
-from grpo_trainer.serve.settings import InferenceSettings, inference_command, request_model_name
+from grpo_trainer.serve.command_lines import inference_command
+from grpo_trainer.serve.settings import InferenceSettings, request_model_name
 from grpo_tui.plan.launchers import Launch
 from grpo_tui.plan.overrides import Overrides
 from grpo_tui.plan.profile import KeyPath

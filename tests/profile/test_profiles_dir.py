@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from grpo_trainer.serve.settings import SGLANG_REFUSED
+from grpo_trainer.serve.command_lines import SGLANG_REFUSED
 from grpo_tui.cli import app
 
 REPO = Path(__file__).resolve().parents[2]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import tomli_w
 
-from grpo_trainer.serve.settings import VLLM_LAUNCH_MODULE
+from grpo_trainer.serve.command_lines import VLLM_LAUNCH_MODULE
 from grpo_tui.plan.profile import load_profile
 from grpo_tui.plan.roles import build_plan
 from grpo_tui.supervisor.spec import Condition, ProcessSpec

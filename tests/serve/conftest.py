@@ -10,8 +10,9 @@ import pytest
 from serve_helpers import MAX_MODEL_LEN, MAX_NUM_SEQS, free_port
 
 from grpo_trainer.models import build_tiny_model
+from grpo_trainer.serve.command_lines import inference_command
 from grpo_trainer.serve.launch import ServerProcess
-from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.serve.settings import InferenceSettings
 
 
 @pytest.fixture(scope="session")

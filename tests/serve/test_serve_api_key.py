@@ -14,8 +14,9 @@ import pytest
 from serve_helpers import free_port
 
 from grpo_trainer.serve.__main__ import main as serve_main
+from grpo_trainer.serve.command_lines import inference_command
 from grpo_trainer.serve.launch import ServerProcess
-from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.serve.settings import InferenceSettings
 from grpo_trainer.sync.client import InferenceClient
 
 KEY = "k-1f3a9c"

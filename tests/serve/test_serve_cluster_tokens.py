@@ -28,12 +28,12 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from fastapi.testclient import TestClient
 from serve_helpers import free_port
 
-from grpo_trainer.serve.settings import (
+from grpo_trainer.serve.command_lines import (
     SGLANG_TOKEN_LAUNCH,
     VLLM_TOKEN_GUARD,
-    InferenceSettings,
     inference_command,
 )
+from grpo_trainer.serve.settings import InferenceSettings
 from grpo_trainer.sync.client import InferenceClient, SyncError
 from grpo_tui.plan.profile import load_profile
 from grpo_tui.plan.roles import build_plan

@@ -20,8 +20,9 @@ import torch
 from serve_helpers import MAX_MODEL_LEN, completion, free_port
 
 from grpo_trainer.models import load_model
+from grpo_trainer.serve.command_lines import inference_command
 from grpo_trainer.serve.launch import ServerProcess
-from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.serve.settings import InferenceSettings
 
 REQUESTS = 12
 TOKENS = 6

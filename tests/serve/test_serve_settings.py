@@ -15,13 +15,13 @@ from pydantic import ValidationError
 
 from grpo_trainer.serve.__main__ import build_parser, torch_threads
 from grpo_trainer.serve.capabilities import switch_restarts_inference
-from grpo_trainer.serve.settings import (
+from grpo_trainer.serve.command_lines import (
     VLLM_LAUNCH_MODULE,
     VLLM_WORKER_EXTENSION,
-    InferenceSettings,
     inference_command,
     vllm_start_env,
 )
+from grpo_trainer.serve.settings import InferenceSettings
 
 MODES = ("none", "lora_only", "lora_restart", "shared_vllm", "colocate")
 IN_PLACE = ("none", "lora_only", "shared_vllm", "colocate")

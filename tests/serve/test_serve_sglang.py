@@ -19,12 +19,8 @@ import httpx
 import pytest
 
 from grpo_trainer.envs.inference import parse_samples
-from grpo_trainer.serve.settings import (
-    SGLANG_REFUSED,
-    InferenceSettings,
-    inference_command,
-    request_model_name,
-)
+from grpo_trainer.serve.command_lines import SGLANG_REFUSED, inference_command
+from grpo_trainer.serve.settings import InferenceSettings, request_model_name
 from grpo_trainer.sync.base import SyncContext
 from grpo_trainer.sync.client import InferenceClient, SyncError
 from grpo_trainer.sync.lora_only import HotSwapSync

@@ -16,8 +16,9 @@ import httpx
 import pytest
 from serve_helpers import MAX_MODEL_LEN, completion, free_port
 
+from grpo_trainer.serve.command_lines import inference_command
 from grpo_trainer.serve.launch import ServerProcess
-from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.serve.settings import InferenceSettings
 
 WAITERS = 6
 TOKENS = 8

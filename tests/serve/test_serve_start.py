@@ -19,8 +19,9 @@ from pathlib import Path
 import httpx
 from serve_helpers import free_port
 
+from grpo_trainer.serve.command_lines import inference_command
 from grpo_trainer.serve.launch import ServerProcess
-from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.serve.settings import InferenceSettings
 from grpo_trainer.start_gate import GATE_ENV
 
 PROMPT = "abc"

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from grpo_trainer.serve.settings import VLLM_LAUNCH_MODULE
+from grpo_trainer.serve.command_lines import VLLM_LAUNCH_MODULE
 from grpo_trainer.start_gate import GATE_ENV
 
 IMPORT_S = 0.3

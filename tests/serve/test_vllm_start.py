@@ -8,13 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from grpo_trainer.serve import settings as serve_settings
-from grpo_trainer.serve.settings import (
-    VLLM_LAUNCH_MODULE,
-    InferenceSettings,
-    inference_command,
-    vllm_start_env,
-)
+from grpo_trainer.serve import command_lines
+from grpo_trainer.serve.command_lines import VLLM_LAUNCH_MODULE, inference_command, vllm_start_env
+from grpo_trainer.serve.settings import InferenceSettings
 
 CLI = ["python3", "-m", "vllm.entrypoints.cli.main"]
 
@@ -53,7 +49,7 @@ def test_vllm_s_python_runs_our_launcher_which_reads_the_gate() -> None:
 def test_an_executable_we_cannot_name_the_python_of_runs_as_given(
     executable: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(serve_settings.importlib.util, "find_spec", lambda name: None)
+    monkeypatch.setattr(command_lines.importlib.util, "find_spec", lambda name: None)
     settings = InferenceSettings(backend="vllm", vllm_executable=executable)
     launch = inference_command(settings, mode="none", model="M")
     assert launch.argv[: len(executable) + 1] == [*executable, "serve"]
@@ -63,7 +59,7 @@ def test_an_executable_we_cannot_name_the_python_of_runs_as_given(
 def test_plain_vllm_becomes_this_python_when_it_imports_vllm(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(serve_settings.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(command_lines.importlib.util, "find_spec", lambda name: object())
     launch = inference_command(InferenceSettings(backend="vllm"), mode="none", model="M")
     assert launch.argv[:4] == [sys.executable, "-m", VLLM_LAUNCH_MODULE, "serve"]
 

@@ -15,8 +15,9 @@ import torch
 from free_ports import free_port as free_port
 from torch import nn
 
+from grpo_trainer.serve.command_lines import inference_command
 from grpo_trainer.serve.launch import ServerProcess
-from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.serve.settings import InferenceSettings
 from grpo_trainer.train.logprobs import naive_token_logprobs
 
 

@@ -20,8 +20,9 @@ from train_helpers import (
     write_groups,
 )
 
+from grpo_trainer.serve.command_lines import inference_command
 from grpo_trainer.serve.launch import ServerProcess
-from grpo_trainer.serve.settings import InferenceSettings, inference_command
+from grpo_trainer.serve.settings import InferenceSettings
 from grpo_trainer.train.__main__ import main
 
 
