@@ -16,7 +16,7 @@ import time
 import tomllib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from textual import work
 from textual.app import App
@@ -31,6 +31,7 @@ from grpo_tui.driver import QuickEscapeDriver
 from grpo_tui.run_state import RunState
 from grpo_tui.screens.dashboard import DashboardScreen
 from grpo_tui.screens.help import HelpScreen
+from grpo_tui.screens.host import RunControl
 from grpo_tui.screens.inspector import InspectorScreen
 from grpo_tui.screens.live_edit import LiveEditScreen
 from grpo_tui.screens.logs import LogsScreen
@@ -62,25 +63,6 @@ MUTATING_ACTIONS = frozenset(
         "process_action",
     }
 )
-
-
-class RunControl(Protocol):
-    """What the dashboard's actions call: the :class:`GrpoStack` it runs, or an attached
-    run's control socket (:class:`grpo_tui.attach.AttachedControl`)."""
-
-    run_dir: Path
-
-    async def restart(self, name: str) -> None: ...
-
-    async def stop(self, name: str) -> None: ...
-
-    async def start(self, name: str) -> None: ...
-
-    async def kill(self, name: str) -> None: ...
-
-    async def switch_mode(self, mode: str) -> None: ...
-
-    def edit(self, values: dict[str, Any]) -> dict[str, Any]: ...
 
 
 def default_keymap_path() -> Path:

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import cast
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+from grpo_tui.screens.host import DashboardHost
 from grpo_tui.screens.mode_switch import MODE_SUMMARIES
-
-if TYPE_CHECKING:
-    from grpo_tui.app import GrpoTuiApp
 
 PROCESS_OPERATIONS = ("restart", "stop", "start", "kill")
 
@@ -21,7 +19,7 @@ class ActionsProvider(Provider):
 
     def commands(self) -> Iterator[tuple[str, Callable[[], object], str]]:
         """(name, callback, help) of every command available now."""
-        app = cast("GrpoTuiApp", self.app)
+        app = cast(DashboardHost, self.app)
         if not app.read_only:
             for name in app.state.processes:
                 for operation in PROCESS_OPERATIONS:

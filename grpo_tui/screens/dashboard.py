@@ -10,7 +10,7 @@ and drawing there would only leave charts to re-render on the key press that com
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -18,15 +18,13 @@ from textual.containers import Grid
 from textual.screen import Screen
 
 from grpo_tui.run_state import SUPERVISOR_LOG
+from grpo_tui.screens.host import DashboardHost
 from grpo_tui.widgets.gpu_table import GpuTable
 from grpo_tui.widgets.key_bar import KeyBar
 from grpo_tui.widgets.log_pane import LogPane
 from grpo_tui.widgets.metric_chart import DASHBOARD_CHARTS, MetricChart
 from grpo_tui.widgets.process_table import ProcessTable
 from grpo_tui.widgets.run_header import RunHeader
-
-if TYPE_CHECKING:
-    from grpo_tui.app import GrpoTuiApp
 
 REDRAW_PERIOD = 0.5
 CHARTS_PER_TICK = 3
@@ -38,7 +36,7 @@ LOG_FLUSH_PERIOD = 0.08
 class DashboardScreen(Screen[None]):
     """The main screen of a live run (and, read-only, of a finished one)."""
 
-    app: GrpoTuiApp
+    app: DashboardHost
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding(

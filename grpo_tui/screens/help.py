@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from rich.table import Table
 from textual.app import ComposeResult
@@ -13,12 +13,10 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from grpo_tui.screens.dashboard import DashboardScreen
+from grpo_tui.screens.host import DashboardHost
 from grpo_tui.screens.inspector import InspectorScreen
 from grpo_tui.screens.logs import LogsScreen
 from grpo_tui.screens.timeline import TimelineScreen
-
-if TYPE_CHECKING:
-    from grpo_tui.app import GrpoTuiApp
 
 KEYMAP_HINT = (
     'Remap keys in {path} with lines like  restart-inference = "ctrl+r"  '
@@ -48,7 +46,7 @@ def bindings_table(title: str, bindings: list[Binding], keymap: dict[str, str]) 
 class HelpScreen(ModalScreen[None]):
     """Key bindings of the app and of each screen."""
 
-    app: GrpoTuiApp
+    app: DashboardHost
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape,q,question_mark", "dismiss", "Close", id="help-close")

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import replace
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from rich.markup import escape
 from textual import on
@@ -26,12 +26,10 @@ from grpo_trainer.records.query import GroupFilter, parse_filter, select
 from grpo_trainer.records.rollout_reader import RecordGone, RolloutIndex
 from grpo_trainer.records.rollouts import KINDS, GroupRecord
 from grpo_tui.rollout_view import MEASURES
+from grpo_tui.screens.host import DashboardHost
 from grpo_tui.widgets.group_detail import GroupDetail
 from grpo_tui.widgets.group_list import HEADER, GroupList
 from grpo_tui.widgets.key_bar import KeyBar
-
-if TYPE_CHECKING:
-    from grpo_tui.app import GrpoTuiApp
 
 POLL_PERIOD = 1.0
 KIND_CYCLE = (None, *KINDS)
@@ -40,7 +38,7 @@ KIND_CYCLE = (None, *KINDS)
 class InspectorScreen(Screen[None]):
     """Browse the run's recorded groups."""
 
-    app: GrpoTuiApp
+    app: DashboardHost
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("slash", "filter", "Filter", id="rollouts-filter"),

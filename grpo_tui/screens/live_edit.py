@@ -7,7 +7,7 @@ directory and the event log, and each process takes them at its next step bounda
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from textual import on
 from textual.app import ComposeResult
@@ -17,15 +17,13 @@ from textual.screen import ModalScreen
 from textual.widgets import Input, Static
 
 from grpo_trainer.live_edits import EDITABLE, parse_assignments, read_edits
-
-if TYPE_CHECKING:
-    from grpo_tui.app import GrpoTuiApp
+from grpo_tui.screens.host import DashboardHost
 
 
 class LiveEditScreen(ModalScreen[dict[str, Any] | None]):
     """Dismissed with the values applied (or None when cancelled)."""
 
-    app: GrpoTuiApp
+    app: DashboardHost
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel", id="live-edit-cancel")

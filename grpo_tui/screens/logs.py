@@ -9,7 +9,7 @@ stream catches up from its bounded buffer when shown.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -17,12 +17,10 @@ from textual.screen import Screen
 from textual.widgets import Input, Tab, Tabs
 
 from grpo_tui.run_state import SUPERVISOR_LOG
+from grpo_tui.screens.host import DashboardHost
 from grpo_tui.widgets.key_bar import KeyBar
 from grpo_tui.widgets.log_pane import LogPane, dom_id
 from grpo_tui.widgets.run_header import RunHeader
-
-if TYPE_CHECKING:
-    from grpo_tui.app import GrpoTuiApp
 
 LOG_FLUSH_PERIOD = 0.08
 NEW_STREAMS_PERIOD = 0.5
@@ -31,7 +29,7 @@ NEW_STREAMS_PERIOD = 0.5
 class LogsScreen(Screen[None]):
     """Per-process logs with follow / pause, a filter and full screen."""
 
-    app: GrpoTuiApp
+    app: DashboardHost
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("f", "toggle_follow", "Follow/pause", id="logs-follow"),

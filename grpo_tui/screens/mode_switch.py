@@ -8,7 +8,7 @@ inference, the switch's notices) from the moment the switch began.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from textual import on, work
 from textual.app import ComposeResult
@@ -19,10 +19,8 @@ from textual.widgets import Button, OptionList, Static
 from textual.widgets.option_list import Option
 
 from grpo_tui.run_state import SUPERVISOR_LOG
+from grpo_tui.screens.host import DashboardHost
 from grpo_tui.widgets.log_pane import LogPane
-
-if TYPE_CHECKING:
-    from grpo_tui.app import GrpoTuiApp
 
 MODE_SUMMARIES: dict[str, str] = {
     "none": "legacy: full checkpoint, inference restarted on it at each sync",
@@ -45,7 +43,7 @@ PLAN = (
 class ModeSwitchScreen(ModalScreen[str | None]):
     """Pick a mode, confirm, watch the switch; dismissed with the new mode (or None)."""
 
-    app: GrpoTuiApp
+    app: DashboardHost
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("escape", "cancel", "Cancel", id="mode-switch-cancel")

@@ -8,7 +8,7 @@ it, ``a`` the whole run, ``end`` follows the newest step again.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
@@ -17,11 +17,9 @@ from textual.screen import Screen
 from textual.widgets import Static
 
 from grpo_trainer.records.timeline_reader import Timeline
+from grpo_tui.screens.host import DashboardHost
 from grpo_tui.timeline_view import breakdown_table, chart, legend
 from grpo_tui.widgets.key_bar import KeyBar
-
-if TYPE_CHECKING:
-    from grpo_tui.app import GrpoTuiApp
 
 REDRAW_PERIOD = 0.5
 ZOOMS = (1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000)
@@ -32,7 +30,7 @@ DEFAULT_ZOOM = 3
 class TimelineScreen(Screen[None]):
     """Where the run's time goes, step by step."""
 
-    app: GrpoTuiApp
+    app: DashboardHost
 
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("left", "step(-1)", "Previous step", show=False, id="timeline-previous"),
