@@ -1,51 +1,54 @@
-"""The layers stay apart: no textual in the supervisor, the stack or the trainer; no role
-name in the supervisor."""
+"""The layers stay apart: the import contracts (pyproject.toml's ``[tool.importlinter]``)
+hold and catch a break; no role name in the supervisor."""
 
+import os
 import re
+import shutil
 import subprocess
 import sys
 import tokenize
 from pathlib import Path
 
-import pytest
-
-CORE_MODULES = [
-    "grpo_tui.supervisor",
-    "grpo_tui.supervisor.spec",
-    "grpo_tui.supervisor.events",
-    "grpo_tui.stack.stack",
-    "grpo_trainer",
-    "grpo_trainer.models",
-    "grpo_trainer.sync.base",
-]
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("grpo_tui", "grpo_trainer")
 
 
-@pytest.mark.parametrize("module", CORE_MODULES)
-def test_core_module_does_not_import_textual(module: str) -> None:
-    code = (
-        f"import sys, importlib; importlib.import_module({module!r}); "
-        "bad = [m for m in sys.modules if m == 'textual' or m.startswith('textual.')]; "
-        "print(','.join(bad)); sys.exit(1 if bad else 0)"
+def lint_imports(root: Path) -> subprocess.CompletedProcess[str]:
+    """``lint-imports`` over the packages under ``root``, with its pyproject's contracts."""
+    code = "from importlinter.cli import lint_imports_command; lint_imports_command()"
+    return subprocess.run(
+        [sys.executable, "-c", code, "--no-cache", "--no-logo"],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, f"{module} imports textual: {proc.stdout} {proc.stderr}"
 
 
-SWEEP_MODULES = ["grpo_tui.sweep.runner", "grpo_tui.sweep.report", "grpo_tui.sweep.results"]
+def test_the_import_contracts_hold() -> None:
+    """pyproject.toml's ``[tool.importlinter]``: the layers, no textual in the core, no torch
+    in grpo_tui, no cycles."""
+    proc = lint_imports(REPO)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "0 broken" in proc.stdout
 
 
-@pytest.mark.parametrize("module", SWEEP_MODULES)
-def test_sweep_module_imports_neither_textual_nor_torch(module: str) -> None:
-    code = (
-        f"import sys, importlib; importlib.import_module({module!r}); "
-        "bad = [m for m in sys.modules if m.split('.')[0] in ('textual', 'torch')]; "
-        "print(','.join(sorted(bad)[:5])); sys.exit(1 if bad else 0)"
-    )
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
-    assert proc.returncode == 0, f"{module} imports: {proc.stdout} {proc.stderr}"
+def test_the_contracts_catch_textual_in_the_trainer(tmp_path: Path) -> None:
+    """What the contracts are for: ``import textual`` in the training loop breaks them."""
+    for package in PACKAGES:
+        shutil.copytree(
+            REPO / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    shutil.copy(REPO / "pyproject.toml", tmp_path)
+    loop = tmp_path / "grpo_trainer" / "train" / "loop.py"
+    loop.write_text(loop.read_text() + "\nimport textual\n")
+    proc = lint_imports(tmp_path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "grpo_trainer.train.loop -> textual" in proc.stdout
 
 
-SUPERVISOR = Path(__file__).resolve().parents[1] / "grpo_tui" / "supervisor"
+SUPERVISOR = REPO / "grpo_tui" / "supervisor"
 ROLE_NAMES = {"trainer", "inference", "env"}
 """The GRPO roles (``grpo_tui.plan``); what they are for is the stack's (``grpo_tui.stack``)."""
 

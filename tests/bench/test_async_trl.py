@@ -8,12 +8,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
-pytest.importorskip("trl")
 
 import async_trl  # noqa: E402
 from workload_task import PROMPT_CHARS, trl_reward  # noqa: E402

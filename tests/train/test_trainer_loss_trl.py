@@ -5,8 +5,8 @@ logprobs go through TRL's loss (its fused LM head over the completion tokens) an
 ours (the LM head at the loss mask's positions, ``positions``, then ``policy_loss``); the
 losses and every parameter's gradient must agree to float32 rounding. With ``beta > 0`` TRL
 1.16 multiplies the KL by the importance ratio by default (``use_bias_correction_kl``,
-DeepSeek-V3.2); ours is DeepSeekMath's k3 alone, so that switch is off here. Runs where TRL
-is installed (``pip install trl==1.16.*``: not a dependency of this project).
+DeepSeek-V3.2); ours is DeepSeekMath's k3 alone, so that switch is off here. TRL is a
+development dependency (``[dev]`` in pyproject.toml, pinned to 1.16.x for that reason).
 """
 
 from __future__ import annotations
@@ -15,13 +15,12 @@ from pathlib import Path
 
 import pytest
 import torch
+import trl
 from train_helpers import tiny_model
 
 from grpo_trainer.models import load_model
 from grpo_trainer.train.logprobs import chunked_token_logprobs
 from grpo_trainer.train.loss import LossSettings, policy_loss
-
-trl = pytest.importorskip("trl")
 
 B, PROMPT, COMPLETION = 4, 5, 6
 
