@@ -1,6 +1,15 @@
 # Sourced by the device scripts: unpack the carried vLLM 0.24.0 bundle, install it and our
 # extra wheels (.whl) into /tmp/site, and set the environment every process of ours needs
 # there (offline hub, no usage stats, NVLink multicast off). Sets PYTHONPATH.
+# GPU_CPU_CHECK=1 (here, no GPU): install nothing, the same environment, so a device
+# script can be dry-run on CPU before it costs device time.
+if [ "${GPU_CPU_CHECK:-0}" = 1 ]; then
+  export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 DO_NOT_TRACK=1
+  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+  echo "gpu_setup: CPU check (GPU_CPU_CHECK=1): nothing installed"
+  return 0 2>/dev/null || exit 0
+fi
 if ! ls /root/vv/part-* >/dev/null 2>&1; then
   echo "gpu_setup: /root/vv/part-* missing: carry the vLLM parts first (docs/gpu.md); nothing run"
   exit 3

@@ -15,6 +15,8 @@
 # 2" runs A B then B A.
 # The reduced plan of issue 31 (0.5B, CUDA graphs, ~9.5 min on nvidia-h100-x4):
 #   GPU_WORKLOAD_LANES="0.5b:0:sync,trl-best 0.5b:1:trl-best,sync 0.5b:2+3:split,trl-async"
+# Here: GPU_CPU_CHECK=1 runs the same lanes with --quick (built-in server, tiny shape, CPU):
+# the script's plumbing, no GPU figures.
 # Out (top of $OUT, 7 files at most): gpu_workload.md (every lane combined: the results
 # file), <call>-lane-*.json (every number), gpu_workload.log (the console), all.tar.gz
 # (per lane: consoles, profiles, metrics, logs; no weights).
@@ -49,6 +51,8 @@ for name in names:
 print("versions", found, "| cuda devices", torch.cuda.device_count())
 PY
 budget=$((TOTAL - SECONDS - 25))
+quick=()
+[ "${GPU_CPU_CHECK:-0}" = 1 ] && quick=(--quick)
 LANES=${GPU_WORKLOAD_LANES:-0.5b:0:sync,trl-best 0.5b:1:trl-best,sync 0.5b:2+3:split,trl-async}
 echo "gpu_workload_device: $LANES with ${budget}s each from $(date -u +%T)"
 pids=()
@@ -59,7 +63,7 @@ for lane in $LANES; do
   # shellcheck disable=SC2086
   timeout -k 10 $((budget + 10)) python3 benchmarks/gpu_workload.py --size "$size" \
     --device "cuda:$gpu" --out "$WORK/$name" --json "$OUT/$CALL_ID-$name.json" \
-    --budget "$budget" --call-id "$CALL_ID" --models "$ROOT/models" \
+    --budget "$budget" --call-id "$CALL_ID" --models "$ROOT/models" "${quick[@]}" \
     ${parts:+--parts ${parts//,/ }} ${GPU_WORKLOAD_ARGS:-} > "$WORK/$name/console.log" 2>&1 &
   pids+=($!)
 done
@@ -69,7 +73,9 @@ for pid in "${pids[@]}"; do
 done
 echo "gpu_workload_device: every lane done after ${SECONDS}s (status $status)"
 tail -n 30 "$WORK"/lane-*/console.log
-nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
+if command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-compute-apps=pid,process_name,used_memory --format=csv
+fi
 python3 benchmarks/gpu_workload.py --combine "$OUT"/*-lane-*.json > "$OUT/gpu_workload.md"
 cat "$OUT/gpu_workload.md"
 # The logs back in one archive (no model weights, rollout databases, batch files, nor any
@@ -81,6 +87,7 @@ cat "$OUT/gpu_workload.md"
     -prune -exec rm -rf {} +
   find . -type f -size +4M -name '*.log' -exec sh -c 'tail -c 2M "$1" > "$1.t"; mv "$1.t" "$1"' _ {} \;
   find . -type f -size +4M -print -delete
+  find . -type s -delete  # control sockets: tar cannot pack them
   tar czf "$OUT/all.tar.gz" lane-*
 )
 ls -la "$OUT"

@@ -54,11 +54,16 @@ class Setting:
     lora_r: int
     lora_alpha: int
     rslora: bool
+    dtype: str = "float32"
+    """``bfloat16``: the weights are rounded to bf16 at the start and after every optimizer
+    step (computed in float32: CPU bf16 is slow), as the trainer keeps them on one GPU in
+    ``shared_vllm``, where its weights are vLLM's: an update below half a weight's bf16
+    spacing is lost."""
 
     def label(self) -> str:
         """Short description of the trained parameters."""
         if not self.lora:
-            return "full"
+            return "full" + (" bf16" if self.dtype == "bfloat16" else "")
         targets = (
             "all"
             if self.lora_targets == ("all-linear",)
@@ -79,9 +84,19 @@ class Outcome:
     step_seconds: list[float]
 
 
+def round_to_bf16(model: nn.Module) -> None:
+    """Every trainable weight rounded to the nearest bf16 value, kept in float32."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.requires_grad:
+                param.copy_(param.to(torch.bfloat16).float())
+
+
 def policy(setting: Setting, path: str, seed: int) -> nn.Module:
     """The tiny model at ``path``, wrapped in a fresh LoRA adapter when the setting asks."""
     model = load_model(path)
+    if setting.dtype == "bfloat16":
+        round_to_bf16(model)
     if not setting.lora:
         return model
     from peft import LoraConfig, get_peft_model
@@ -186,6 +201,8 @@ def run(setting: Setting, *, steps: int, target: float, stop: bool, verbose: boo
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
+        if setting.dtype == "bfloat16":
+            round_to_bf16(model)
         step_seconds.append(time.perf_counter() - step_start)
         if verbose and (step % 10 == 0 or step == 1):
             elapsed = time.perf_counter() - start
@@ -226,6 +243,7 @@ def main() -> None:
     parser.add_argument("--lora-r", type=int, nargs="*", default=[16])
     parser.add_argument("--lora-alpha", type=int, nargs="*", default=[32])
     parser.add_argument("--rslora", action="store_true", help="scale alpha/sqrt(r)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--stop-at-target", action="store_true",
@@ -242,7 +260,8 @@ def main() -> None:
     outcomes = []
     for lr, group, prompts, temp, init, hidden, norm, beta, warmup, seed, r, alpha in grid:
         setting = Setting(lr, group, prompts, temp, init, hidden, norm, beta, warmup, seed,
-                          args.lora, tuple(args.lora_targets), r, alpha, args.rslora)  # fmt: skip
+                          args.lora, tuple(args.lora_targets), r, alpha, args.rslora,
+                          args.dtype)  # fmt: skip
         print(f"{setting}", flush=True)
         outcomes.append(
             run(setting, steps=args.steps, target=args.target, stop=args.stop_at_target,

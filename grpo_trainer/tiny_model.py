@@ -85,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     cmd.add_argument("--num-kv-heads", type=int, default=2)
     cmd.add_argument("--intermediate-size", type=int, default=128)
     cmd.add_argument("--final-norm-weight", type=float, default=6.0)
+    cmd.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     cmd.add_argument("--no-cache", action="store_true", help="build even if a copy is cached")
     args = vars(parser.parse_args(argv))
     out, cache = args.pop("out"), not args.pop("no_cache")

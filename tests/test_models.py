@@ -73,3 +73,20 @@ def test_padded_vocabulary_decodes_every_id_and_encodes_as_before(tmp_path: Path
         tail = loaded.decode(list(range(size - 50, size)))
         assert len(tail) >= 100 and tail.isalnum()  # every filler decodes to its text
     assert len(AutoTokenizer.from_pretrained(tmp_path / "t")) == size
+
+
+def test_bfloat16_build_is_the_float32_build_cast(tmp_path: Path) -> None:
+    """``dtype = "bfloat16"`` (profiles/qwen2.5-7b-1gpu.toml) saves the same initialisation
+    in half the bytes: every tensor is the float32 build's, rounded to bf16."""
+    from safetensors.torch import load_file
+
+    full = load_file(build_tiny_model(tmp_path / "f32", seed=3) / "model.safetensors")
+    half = load_file(
+        build_tiny_model(tmp_path / "bf16", seed=3, dtype="bfloat16") / "model.safetensors"
+    )
+    assert full.keys() == half.keys()
+    for name, tensor in half.items():
+        assert tensor.dtype == torch.bfloat16, name
+        assert torch.equal(tensor, full[name].to(torch.bfloat16)), name
+    config = (tmp_path / "bf16" / "config.json").read_text()
+    assert '"dtype": "bfloat16"' in config  # what vLLM's --dtype auto would pick

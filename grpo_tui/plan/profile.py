@@ -67,6 +67,9 @@ class TinyShape(BaseModel):
     num_kv_heads: int = Field(2, ge=1)
     intermediate_size: int = Field(128, ge=8)
     final_norm_weight: float = Field(6.0, gt=0)
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="dtype of the saved weights (bfloat16: half the files)"
+    )
 
     @model_validator(mode="after")
     def _heads_divide(self) -> TinyShape:
