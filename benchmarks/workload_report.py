@@ -239,6 +239,8 @@ def empty_check_lines(runs: list[Part]) -> list[str]:
     if not checked:
         return []
     found = [EmptyCheck(**p.extra["gpu_before"]) for p in checked]
+    if all(c.status == "no NVML" for c in found):
+        return ["Empty GPU before each run: not checked (no NVML on this machine).", ""]
     empty = [c for c in found if c.empty]
     busy = [(p, c) for p, c in zip(checked, found, strict=True) if c.status == "not empty"]
     line = (
