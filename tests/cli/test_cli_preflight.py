@@ -116,3 +116,59 @@ def test_profile_only_skips_what_this_machine_would_refuse(tmp_path: Path) -> No
     profile = str(quickstart_with(tmp_path, task="no_such_mod:Foo"))
     result = CliRunner().invoke(app, ["check", profile, "--profile-only"])
     assert result.exit_code == 0, result.output
+
+
+def profile_with(tmp_path: Path, table: str, key: str, value: str) -> Path:
+    """The quickstart with ``[table] key = value``, run into ``tmp_path``."""
+    profile = tomllib.loads(QUICKSTART.read_text())
+    profile["run"]["output_dir"] = str(tmp_path / "runs")
+    profile[table][key] = value
+    path = tmp_path / "p.toml"
+    path.write_text(tomli_w.dumps(profile))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("table", "key", "value", "says"),
+    [
+        ("run", "model", "/nonexistent/grpo-model", "no such directory"),
+        ("run", "model", "./grpo-model-not-here", "no such directory"),
+        ("run", "model", "models//qwen", "no such directory"),
+        ("trainer", "batches_file", "/nonexistent/batches.jsonl", "no such file"),
+    ],
+)
+def test_a_path_that_does_not_exist_is_refused_before_anything_starts(
+    tmp_path: Path, table: str, key: str, value: str, says: str
+) -> None:
+    """Issue 35's new user: a model path that does not exist passed ``check``, and ``run``
+    restarted inference and the trainer 5 times each, then failed after 65 s with Hugging
+    Face's "Repo id must be in the form ..." and a traceback."""
+    profile = str(profile_with(tmp_path, table, key, value))
+    for command in ("check", "run"):
+        line = refused(command, profile, key=f"{table}.{key}")
+        assert "p.toml:" in line and repr(value) in line and says in line, line
+    assert "hub id" in line or key != "model", "says what else it could have been"
+    assert not (tmp_path / "runs").exists(), "nothing was started"
+
+
+def test_a_model_path_that_is_no_model_directory_is_refused(tmp_path: Path) -> None:
+    empty = tmp_path / "empty-model"
+    empty.mkdir()
+    line = refused(
+        "check", str(profile_with(tmp_path, "run", "model", str(empty))), key="run.model"
+    )
+    assert "has no config.json" in line
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(b"")
+    line = refused(
+        "check", str(profile_with(tmp_path, "run", "model", str(weights))), key="run.model"
+    )
+    assert "is a file" in line
+
+
+def test_a_hub_id_is_not_a_missing_path(tmp_path: Path) -> None:
+    """``Qwen/Qwen2.5-0.5B`` is a hub id (downloaded at start, or from the cache), as the
+    profile says ``model`` may be: ``check`` passes it without the network."""
+    profile = str(profile_with(tmp_path, "run", "model", "Qwen/Qwen2.5-0.5B"))
+    result = CliRunner().invoke(app, ["check", profile])
+    assert result.exit_code == 0, result.output
