@@ -8,10 +8,13 @@ sampling (``sampling.py``: tokens, sampling settings, live edits), scoring
 (``evaluation.py``). ``max_concurrency`` workers run the loop side by side: wait for room,
 sample a prompt, ask inference for ``group_size`` completions, score, build, post.
 
-Failures never stop the environment. The inference server unreachable or answering 5xx:
-retry with exponential backoff. Garbage answers, a scorer that raises, a group the API
-rejects: logged with the reason, counted in ``env/errors``, next prompt. The API
-unreachable: retry with backoff.
+Failures of the servers never stop the environment. The inference server unreachable or
+answering 5xx: retry with exponential backoff. Garbage answers, a group the API rejects:
+logged with the reason, counted in ``env/errors``, next prompt. The API unreachable: retry
+with backoff. Failures of the task's code (``sample``, ``score``, or anything else that
+raises in the loop) cost their group too, and are reported and bounded
+(``task_errors.py``): after ``max_consecutive_errors`` in a row the runner stops and
+``run`` raises :class:`TaskFailing`.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from grpo_trainer.envs.scoring import Scorer
 from grpo_trainer.envs.settings import EnvSettings
 from grpo_trainer.envs.stats import EnvStats, Reporter
 from grpo_trainer.envs.task import Task
+from grpo_trainer.envs.task_errors import TaskErrors, TaskFailing
 from grpo_trainer.envs.tokenizer import PromptTokenizer
 from grpo_trainer.envs.waits import Backoff, StopFlag
 from grpo_trainer.serve.settings import inference_headers
@@ -89,7 +93,8 @@ class EnvRunner:
         self.room = QueueRoom(self.api, settings.model_name, poll=status_poll)
         max_tokens = settings.max_tokens or task.default_max_tokens
         self.sampling = Sampling(settings, tokenizer, inference, max_tokens, self.reporter)
-        self.scorer = Scorer(task, tokenizer, self.stats)
+        self.errors = TaskErrors(settings.max_consecutive_errors, self.stats, self.reporter)
+        self.scorer = Scorer(task, tokenizer, self.errors)
         self.evaluator = Evaluator(self.sampling, self.scorer, self.room, self.stats, self.reporter)
         self.recorder = EnvRecorder.for_env(
             settings.registered_name,
@@ -114,7 +119,8 @@ class EnvRunner:
         self.stopping.set()
 
     async def run(self) -> EnvStats:
-        """Register, then produce groups until stopped or ``max_groups`` are sent."""
+        """Register, then produce groups until stopped or ``max_groups`` are sent; raises
+        :class:`TaskFailing` once the task failed ``max_consecutive_errors`` times in a row."""
         try:
             if await self.api.register() is None:
                 return self.stats
@@ -136,6 +142,8 @@ class EnvRunner:
             if self.recorder is not None:
                 self.recorder.close()
             self.reporter.close()
+        if self.errors.exhausted:
+            raise TaskFailing(self.errors.verdict())
         return self.stats
 
     async def aclose(self) -> None:
@@ -160,10 +168,18 @@ class EnvRunner:
             try:
                 if not await self._produce_one(inference_backoff):
                     return
-            except Exception as exc:  # a bug or a surprise must not end production
-                self.stats.error("unexpected", f"{type(exc).__name__}: {exc}")
-                log.exception("unexpected error while producing a group")
+            except Exception as exc:  # a bug or a surprise costs its group, counted
+                self._task_failed("unexpected", "the environment's loop", exc)
                 await self.stopping.sleep(1.0)
+
+    def _task_failed(self, kind: str, where: str, error: BaseException | str) -> None:
+        """Count a failure of the task's code; stop once there were too many in a row."""
+        self.errors.failed(kind, where, error)
+        self._stop_if_exhausted()
+
+    def _stop_if_exhausted(self) -> None:
+        if self.errors.exhausted:
+            self.stopping.set()
 
     async def _produce_one(self, inference_backoff: Backoff) -> bool:
         """One prompt through generation, scoring and posting; False when done."""
@@ -184,12 +200,18 @@ class EnvRunner:
         if room is None:
             return False
         version, model = room
+        if self.stopping.is_set():
+            return False  # no new group once stopping (the task failed too often, say)
         asked = time.perf_counter()
         self.stats.timed("room", asked - started)
         self._span("room", asked - started)
         self.sampling.take_edits()
         sampling = self.sampling.request(self.settings.group_size, model)
-        prompt = self.task.sample(self.rng)
+        try:
+            prompt = self.task.sample(self.rng)
+        except Exception as exc:  # a user's code may raise anything
+            self._task_failed("sample_raised", "sample()", exc)
+            return False
         prompt_ids = self.sampling.encode(prompt)
         generating = time.time()
         try:
@@ -214,7 +236,9 @@ class EnvRunner:
             self.recorder.timeline.add("generate", generating, time.time())
         scores = self.scorer.score(prompt, samples)
         if scores is None:
+            self._stop_if_exhausted()
             return False
+        self.errors.succeeded()
         self.stats.scored(scores)
         group = build_group(
             prompt_ids, samples, scores, temperature=sampling.temperature,
@@ -253,7 +277,7 @@ class EnvRunner:
 
     def _report(self) -> None:
         self._last_report = self.stats.snapshot()
-        self.reporter.metrics(self.api.current_step, self._last_report)
+        self.reporter.metrics(self.api.current_step, self._last_report | self.errors.rates())
         if self.recorder is not None:
             self.recorder.flush(self.api.current_step + 1)
 

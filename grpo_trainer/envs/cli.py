@@ -24,6 +24,7 @@ from grpo_trainer.envs.rollout_api import FatalEnvError
 from grpo_trainer.envs.settings import BUILTIN_TASKS, EnvSettings
 from grpo_trainer.envs.stats import Reporter
 from grpo_trainer.envs.task import Task
+from grpo_trainer.envs.task_errors import TaskFailing
 from grpo_trainer.envs.tokenizer import load_prompt_tokenizer
 from grpo_trainer.start_gate import wait_for_start
 
@@ -31,7 +32,7 @@ SETTINGS_FLAGS = (
     "name", "task", "model_name", "group_size", "max_concurrency", "seed", "max_tokens",
     "temperature", "top_p", "max_token_length", "eval_every", "eval_k", "eval_size",
     "data_file", "weight", "min_batch_allocation", "max_groups", "ignore_eos",
-    "prompt_copies", "record_dropped_mb", "record_dropped_every",
+    "prompt_copies", "record_dropped_mb", "record_dropped_every", "max_consecutive_errors",
 )  # fmt: skip
 
 
@@ -103,7 +104,9 @@ async def _run(runner: EnvRunner) -> None:
 
 
 def main(task: type[Task] | None = None, argv: list[str] | None = None) -> None:
-    """Run an environment until SIGTERM (or ``--max-groups``); exit 0, or 2 on bad input."""
+    """Run an environment until SIGTERM (or ``--max-groups``); exit 0, 2 on bad input, 1
+    when the task failed ``--max-consecutive-errors`` times in a row (its last line says
+    how)."""
     logging.basicConfig(
         stream=sys.stdout, level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s"
     )
@@ -129,3 +132,6 @@ def main(task: type[Task] | None = None, argv: list[str] | None = None) -> None:
     except FatalEnvError as exc:
         print(f"error: {exc}", file=sys.stderr)
         raise SystemExit(2) from exc
+    except TaskFailing as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from exc

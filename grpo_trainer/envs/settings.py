@@ -51,6 +51,12 @@ class EnvSettings(BaseModel):
     record_dropped_every: int = Field(
         1, ge=1, description="record every N-th dropped group only (sampling)"
     )
+    max_consecutive_errors: int = Field(
+        20,
+        ge=0,
+        description="exit (status 1, so the restart policy applies) once the task's code "
+        "failed this many groups in a row; 0 = never",
+    )
     prompt_copies: bool = Field(
         False,
         description="ask for a group as group_size copies of the prompt, n=1 each, instead "
@@ -118,6 +124,7 @@ class EnvSettings(BaseModel):
             "--max-groups", str(self.max_groups),
             "--record-dropped-mb", repr(self.record_dropped_mb),
             "--record-dropped-every", str(self.record_dropped_every),
+            "--max-consecutive-errors", str(self.max_consecutive_errors),
         ]  # fmt: skip
         if self.min_batch_allocation is not None:
             argv += ["--min-batch-allocation", repr(self.min_batch_allocation)]

@@ -24,6 +24,7 @@ COUNTERS = (
     "groups_dropped_too_long",
     "groups_unconfirmed",
     "errors",
+    "task_errors",
 )
 
 
@@ -85,11 +86,12 @@ class Reporter:
         if self.link is not None:
             self.link.send_metrics(step, data)
 
-    def event(self, message: str) -> None:
-        """Something a person should see in the supervisor's event log (and the log)."""
-        log.info("%s", message)
+    def event(self, message: str, level: str = "info") -> None:
+        """Something a person should see in the supervisor's event log (and the log);
+        ``level``: ``info``, ``warning`` or ``error``."""
+        log.log(logging.getLevelName(level.upper()), "%s", message)
         if self.link is not None:
-            self.link.send_event("info", message)
+            self.link.send_event(level, message)
 
     def close(self) -> None:
         """Flush what is queued to the supervisor."""
