@@ -5,6 +5,8 @@ starts at the first step: start-up (imports, model load, the first batch) is not
 Once ``after`` seconds pass without a step, a ``Stalled`` event names what the supervisor
 can see, most telling first:
 
+- a process stopped (SIGSTOP, a debugger): the OS says so (psutil), whatever its probes
+  say; named with its pid, since when it is quiet, its CPU use and its last line;
 - a server down or restarting (inference, the API) or one alive but not answering
   (its liveness probe failing);
 - environments failed, backing off or not answering;
@@ -12,8 +14,14 @@ can see, most telling first:
   inference incarnation up now (the trainer must re-attach after an inference restart);
 - the trainer itself restarting;
 - a weight sync that has not returned (the trainer's phase, ``grpo_trainer.train.phases``);
-- the API's queue short of a batch while environments drop every group as all-equal (a
-  policy that became deterministic) or send nothing.
+- the API's queue short of a batch while an environment alive makes no progress (no
+  group, no error, no output for ``after`` s): named with its OS state and CPU use,
+  blocked (a deadlock, a wait that never returns) or busy in a loop; else while the
+  environments drop every group as all-equal (a policy that became deterministic) or
+  send nothing.
+
+A process's cause is the process, never the symptom it causes in another: with an
+environment stopped, the report does not say "the environments sent no group".
 
 The event is repeated when the causes change (at most every ``after`` s), so the cause of
 a long stall is never stale. A stall over the threshold is thus always reported with a
@@ -31,10 +39,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import psutil
 
 from grpo_trainer.train.phases import CURRENT, PHASES
 from grpo_tui.supervisor.bus import Subscription
-from grpo_tui.supervisor.events import MetricsRecord, Stalled, State
+from grpo_tui.supervisor.events import (
+    LogBatch,
+    MetricsRecord,
+    ResourceSample,
+    Stalled,
+    State,
+)
 from grpo_tui.supervisor.lifecycle import ProcessStatus
 from grpo_tui.supervisor.supervisor import Supervisor
 
@@ -47,10 +62,16 @@ SYNC_PHASES = ("sleeping", "syncing", "waking")
 ENV_SENT = "env/groups_sent"
 ENV_DROPPED = "env/groups_dropped_equal_scores"
 ENV_ERRORS = "env/errors"
-COUNTED = (ENV_SENT, ENV_DROPPED, ENV_ERRORS)
+ENV_TOO_LONG = "env/groups_dropped_too_long"
+COUNTED = (ENV_SENT, ENV_DROPPED, ENV_ERRORS, ENV_TOO_LONG)
 LINE_CHARS = 240
 """The most of a process's last warning line a cause quotes."""
 WARNS = re.compile(r"\b(WARNING|ERROR|CRITICAL|Error|error)\b")
+STOPPED_STATES = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
+BUSY_CPU = 50.0
+"""CPU % (of one core, the process tree's) from which a process without progress is busy,
+not blocked (as is one the OS finds running: on a loaded machine a loop may get less)."""
+LIVE = (State.READY, State.RUNNING, State.UNHEALTHY)
 
 
 @dataclass
@@ -65,12 +86,17 @@ class Progress:
     """Each environment's cumulative counters, latest."""
     envs_at_step: dict[str, dict[str, float]] = field(default_factory=dict)
     """The same, when the trainer's last step arrived."""
+    envs_moved_at: dict[str, float] = field(default_factory=dict)
+    """When each environment's counters last moved (a group sent, dropped, an error)."""
 
     def fold(self, record: MetricsRecord, trainer: str, envs: set[str]) -> bool:
         """Take one metrics record; True when it is a new trainer step."""
         if record.process in envs:
             counts = self.envs.setdefault(record.process, {})
-            counts.update({k: v for k, v in record.data.items() if k in COUNTED})
+            new = {k: v for k, v in record.data.items() if k in COUNTED}
+            if any(counts.get(k) != v for k, v in new.items()):
+                self.envs_moved_at[record.process] = record.t
+            counts.update(new)
             return False
         if record.process != trainer:
             return False
@@ -97,6 +123,120 @@ class Progress:
         return int(total)
 
 
+@dataclass
+class Activity:
+    """What the supervisor saw each process do lately: output, CPU use."""
+
+    output_at: dict[str, float] = field(default_factory=dict)
+    """When each process last printed a line."""
+    cpu: dict[str, float] = field(default_factory=dict)
+    """Each process tree's CPU % at the supervisor's last resource sample."""
+
+    def fold(self, event: LogBatch | ResourceSample) -> None:
+        if isinstance(event, LogBatch):
+            if event.lines:
+                self.output_at[event.process] = event.t
+        else:
+            self.cpu[event.process] = event.cpu_percent
+
+
+@dataclass(frozen=True)
+class Look:
+    """What the OS says of a process tree: the leader's state, and a stopped process in it."""
+
+    state: str
+    stopped: int | None = None
+    """The pid of a stopped process of the tree (the leader's own, or a descendant's)."""
+    stopped_state: str = ""
+
+
+def look(pid: int) -> Look | None:
+    """The OS's view of the tree led by ``pid`` (None: gone)."""
+    try:
+        leader = psutil.Process(pid)
+        state = leader.status()
+        tree = [leader, *leader.children(recursive=True)]
+    except psutil.Error:
+        return None
+    for proc in tree:
+        try:
+            status = proc.status()
+        except psutil.Error:
+            continue
+        if status in STOPPED_STATES:
+            return Look(state, proc.pid, status)
+    return Look(state)
+
+
+@dataclass(frozen=True)
+class Quiet:
+    """How to describe one process that makes no progress: since when, its last line."""
+
+    since: float
+    cpu: float | None
+    line: str | None
+
+    def describe(self, now: float) -> str:
+        clock = time.strftime("%H:%M:%S", time.localtime(self.since))
+        cpu = "CPU not sampled yet" if self.cpu is None else f"{self.cpu:.0f}% CPU"
+        said = f"; its last line: {self.line[:LINE_CHARS]}" if self.line else ""
+        return f"quiet since {clock} ({now - self.since:.0f} s), {cpu}{said}"
+
+
+def stopped_causes(
+    statuses: Mapping[str, ProcessStatus],
+    looks: Mapping[str, Look],
+    quiet: Callable[[str], Quiet],
+    now: float,
+) -> dict[str, str]:
+    """Processes alive whose tree holds a stopped process, by name: the stall's cause
+    whatever else (a liveness probe, the environments' counts) shows its symptoms."""
+    causes = {}
+    for name, status in statuses.items():
+        seen = looks.get(name)
+        if status.state not in LIVE or seen is None or seen.stopped is None:
+            continue
+        child = "" if seen.stopped == status.pid else f", a child of pid {status.pid}"
+        causes[name] = (
+            f"{name} (pid {seen.stopped}{child}) is stopped (OS state {seen.stopped_state}: "
+            f"SIGSTOP or a debugger; SIGCONT resumes it), {quiet(name).describe(now)}"
+        )
+    return causes
+
+
+def quiet_env_causes(
+    statuses: Mapping[str, ProcessStatus],
+    looks: Mapping[str, Look],
+    quiet: Callable[[str], Quiet],
+    progress: Progress,
+    now: float,
+    after: float,
+) -> list[str]:
+    """Environments alive that made no progress since the trainer's last step and were
+    quiet (no group, no error, no line) for ``after`` s: blocked or busy, as their OS
+    state and CPU use say."""
+    causes = []
+    for name, status in statuses.items():
+        seen = looks.get(name)
+        if status.role != "env" or status.state not in LIVE or seen is None:
+            continue
+        moved = sum(progress.env_delta(key, name) for key in COUNTED)
+        still = quiet(name)
+        if moved or now - still.since < after:
+            continue
+        busy = seen.state == psutil.STATUS_RUNNING or (still.cpu or 0.0) >= BUSY_CPU
+        doing = (
+            "busy in a loop without output"
+            if busy
+            else "blocked: a deadlock, or a wait that never returns"
+        )
+        causes.append(
+            f"{name} (pid {status.pid}) made no progress (no group, no error, no output): "
+            f"OS state {seen.state}, {doing}; {still.describe(now)}"
+        )
+    return causes
+
+
 def process_causes(statuses: Mapping[str, ProcessStatus], trainer: str) -> list[str]:
     """Causes in the processes' states: servers first, then environments, the trainer."""
     order = [n for role in SERVERS for n, s in statuses.items() if s.role == role]
@@ -104,7 +244,9 @@ def process_causes(statuses: Mapping[str, ProcessStatus], trainer: str) -> list[
     order.append(trainer)
     causes = []
     for name in order:
-        status = statuses[name]
+        status = statuses.get(name)
+        if status is None:
+            continue
         why = f": {status.last_reason}" if status.last_reason else ""
         if status.state not in (State.READY, State.RUNNING):
             doing = "restarting" if status.state in (State.BACKOFF, State.STARTING) else "down"
@@ -203,6 +345,7 @@ class StallWatch:
         self.headers = dict(headers or {})
         self.step_sequences = step_sequences
         self.progress = Progress()
+        self.activity = Activity()
         self._reported: tuple[str, ...] = ()
         self._reported_at = 0.0
 
@@ -223,7 +366,9 @@ class StallWatch:
 
     async def _fold(self, events: Subscription, trainer: str, envs: set[str]) -> None:
         async for event in events:
-            if isinstance(event, MetricsRecord) and self.progress.fold(event, trainer, envs):
+            if isinstance(event, LogBatch | ResourceSample):
+                self.activity.fold(event)
+            elif isinstance(event, MetricsRecord) and self.progress.fold(event, trainer, envs):
                 self._reported = ()
 
     async def _check(self, trainer: str, http: httpx.AsyncClient) -> None:
@@ -233,10 +378,19 @@ class StallWatch:
             return
         statuses = self.supervisor.status()
         api_status, unread = await self._api_status(http)
-        causes = process_causes(statuses, trainer)
+        looks = {
+            name: seen
+            for name, status in statuses.items()
+            if status.state in LIVE and status.pid and (seen := look(status.pid)) is not None
+        }
+        stopped = stopped_causes(statuses, looks, self._quiet, now)
+        others = {name: s for name, s in statuses.items() if name not in stopped}
+        causes = [*stopped.values(), *process_causes(others, trainer)]
         causes += error_causes(progress, self._last_warning)
         causes += hold_causes(statuses, api_status)
         causes += restart_causes(statuses, trainer, progress, now)
+        if not causes and self._short(api_status):
+            causes = quiet_env_causes(statuses, looks, self._quiet, progress, now, self.after)
         if not causes:
             queued = str(api_status["queue_sequences"]) if api_status else f"? {unread}".strip()
             causes = progress_causes(progress, now, queued, self._need())
@@ -247,6 +401,28 @@ class StallWatch:
         self._reported, self._reported_at = tuple(causes), now
         self.supervisor.publish(
             Stalled(process=trainer, seconds=quiet, step=progress.step, causes=tuple(causes))
+        )
+
+    def _short(self, api_status: Mapping[str, Any] | None) -> bool:
+        """The API's queue is short of a step (or the API could not say)."""
+        if api_status is None or not self.step_sequences:
+            return True
+        return int(api_status["queue_sequences"]) < self.step_sequences
+
+    def _quiet(self, name: str) -> Quiet:
+        """Since when ``name`` shows no sign of progress (output, an environment's counts,
+        its start), its CPU use and its last line."""
+        status = self.supervisor.status()[name]
+        signs = [
+            self.activity.output_at.get(name),
+            self.progress.envs_moved_at.get(name),
+            status.started_at,
+        ]
+        lines = [line for line in self.supervisor.recent_lines(name) if line.strip()]
+        return Quiet(
+            since=max(t for t in signs if t is not None) if any(signs) else time.time(),
+            cpu=self.activity.cpu.get(name),
+            line=lines[-1] if lines else None,
         )
 
     def _last_warning(self, name: str) -> str | None:

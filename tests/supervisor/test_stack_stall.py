@@ -9,17 +9,22 @@ import json
 import os
 import signal
 import sys
+import time
 
 from conftest import child, spec
 
 from grpo_tui.stack.stall import (
+    Look,
     Progress,
+    Quiet,
     StallWatch,
     error_causes,
     hold_causes,
     process_causes,
     progress_causes,
+    quiet_env_causes,
     restart_causes,
+    stopped_causes,
 )
 from grpo_tui.supervisor.events import MetricsRecord, Stalled, State
 from grpo_tui.supervisor.lifecycle import ProcessStatus
@@ -172,3 +177,115 @@ async def test_a_stall_is_published_with_its_cause_once_past_the_first_step(supe
         json.loads(line) for line in (h.sup.run_dir / "events.jsonl").read_text().splitlines()
     ]
     assert [r["causes"] for r in on_disk if r["type"] == "Stalled"][-1] == list(stalled.causes)
+
+
+ENV_LINE = "env: sampling group 12"
+QUIET_ENV = [sys.executable, "-c", f"import time\nprint({ENV_LINE!r}, flush=True)\ntime.sleep(600)"]
+BUSY_ENV = [
+    sys.executable,
+    "-c",
+    f"print({ENV_LINE!r}, flush=True)\nwhile True:\n    pass",
+]
+
+
+async def stalled_run(supervise, env_command: list[str]):
+    """A trainer that reported two steps then went quiet, beside one environment."""
+    trainer = spec("trainer", child("reporter.py"), role="trainer")
+    env = spec("env", env_command, role="env", readiness={"kind": "log_line", "pattern": "env:"})
+    h = supervise([trainer, env])
+    watch = StallWatch(h.sup, after=1.0)
+    return h, asyncio.create_task(watch.watch())
+
+
+async def stop_watching(watching: asyncio.Task) -> None:
+    watching.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await watching
+
+
+async def test_a_stopped_environment_is_named_not_the_symptom(supervise) -> None:
+    """Issue 35's new user: an env stopped with SIGSTOP for 70 s was reported as "the
+    environments sent no group since the last step", with a guess that the policy became
+    deterministic; the stopped process was never named. The report names it: pid, OS
+    state, since when, CPU, its last line; and not the symptom in the trainer."""
+    h, watching = await stalled_run(supervise, QUIET_ENV)
+    try:
+        await h.state("env", State.READY)
+        pid = h.sup.status()["env"].pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            stalled = await h.until(
+                lambda e: isinstance(e, Stalled) and "is stopped" in " ".join(e.causes),
+                timeout=20,
+            )
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        await stop_watching(watching)
+    cause = stalled.causes[0]
+    assert cause.startswith(f"env (pid {pid}) is stopped (OS state stopped: SIGSTOP"), cause
+    assert "quiet since " in cause and "% CPU" in cause and f"its last line: {ENV_LINE}" in cause
+    assert not any("sent no group" in c or "deterministic" in c for c in stalled.causes)
+
+
+async def test_an_environment_busy_in_a_loop_without_output_is_named(supervise) -> None:
+    h, watching = await stalled_run(supervise, BUSY_ENV)
+    try:
+        await h.state("env", State.READY)
+        pid = h.sup.status()["env"].pid
+        stalled = await h.until(
+            lambda e: isinstance(e, Stalled) and "busy" in " ".join(e.causes), timeout=20
+        )
+    finally:
+        await stop_watching(watching)
+    cause = stalled.causes[0]
+    assert cause.startswith(f"env (pid {pid}) made no progress"), cause
+    assert "busy in a loop without output" in cause and f"its last line: {ENV_LINE}" in cause
+    assert not any("sent no group" in c for c in stalled.causes)
+
+
+def test_a_process_with_a_stopped_child_names_the_child() -> None:
+    statuses = {
+        "inference": status("inference", "inference", State.READY, health="failing"),
+        "env": status("env", "env", State.READY),
+    }
+    looks = {
+        "inference": Look("sleeping", stopped=77, stopped_state="stopped"),
+        "env": Look("sleeping"),
+    }
+    said = Quiet(since=100.0, cpu=0.0, line="INFO engine step")
+    clock = time.strftime("%H:%M:%S", time.localtime(100.0))
+    assert stopped_causes(statuses, looks, lambda name: said, now=170.0) == {
+        "inference": "inference (pid 77, a child of pid 1) is stopped (OS state stopped: "
+        f"SIGSTOP or a debugger; SIGCONT resumes it), quiet since {clock} (70 s), 0% CPU; "
+        "its last line: INFO engine step"
+    }
+
+
+def test_a_quiet_environment_is_blocked_or_busy_as_its_os_state_says() -> None:
+    statuses = {
+        "env": status("env", "env", State.READY),
+        "trainer": status("t", "trainer", State.READY),
+    }
+    seen = progress(
+        MetricsRecord(t=50, process="env", step=None, data={"env/groups_sent": 4.0}),
+        MetricsRecord(t=100, process="trainer", step=3, data={"loss": 0.1}),
+    )
+    clock = time.strftime("%H:%M:%S", time.localtime(100.0))
+
+    def causes(state: str, cpu: float | None, now: float = 140.0) -> list[str]:
+        quiet = Quiet(since=100.0, cpu=cpu, line=None)
+        return quiet_env_causes(statuses, {"env": Look(state)}, lambda n: quiet, seen, now, 30)
+
+    assert causes("sleeping", 0.0) == [
+        "env (pid 1) made no progress (no group, no error, no output): OS state sleeping, "
+        f"blocked: a deadlock, or a wait that never returns; quiet since {clock} (40 s), 0% CPU"
+    ]
+    assert "OS state running, busy in a loop without output" in causes("running", 20.0)[0]
+    assert "busy in a loop" in causes("sleeping", 95.0)[0], "the CPU use says so too"
+    assert "CPU not sampled yet" in causes("sleeping", None)[0]
+    assert causes("sleeping", 0.0, now=120.0) == [], "quiet for less than the bound"
+    seen.fold(
+        MetricsRecord(t=110, process="env", step=None, data={"env/errors": 1.0}), "trainer", {"env"}
+    )
+    assert causes("sleeping", 0.0) == [], "an error since the step is progress of a kind"
