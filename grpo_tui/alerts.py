@@ -30,6 +30,7 @@ batches plus ``sync_every`` steps)."""
 LAG0_RECENT_STEPS = 10
 """Steps within which a lag-0 figure still tells a sync error from drift."""
 SYNC_FAILURE_WINDOW = 120.0
+"""Seconds the sync alert holds after a step whose sync failed (unless one succeeds)."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +72,10 @@ def evaluate(state: RunState, now: float) -> list[Alert]:
                     process=row.name,
                 )
             )
-    if any(now - t <= SYNC_FAILURE_WINDOW for t in state.sync_failures):
-        alerts.append(Alert("sync", "weight sync is failing", chart="sync_time"))
+    failed = state.sync_failure
+    if failed is not None and now - failed.t <= SYNC_FAILURE_WINDOW:
+        message = f"weight sync is failing (step {failed.step}: {failed.attempts} failed attempts)"
+        alerts.append(Alert("sync", message, chart="sync_time"))
     for lost in state.needs_lost.values():
         failed = ", ".join(lost.failed)
         doing = "waiting on" if lost.action == "wait" else "stopping: lost"

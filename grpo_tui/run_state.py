@@ -42,6 +42,10 @@ CRASH_LOOP_WINDOW = 120.0
 
 TRAINER_STEP_METRICS = ("training_steps", "loss")
 """Metrics the trainer sends once per optimizer step: their ``step`` is the run's step."""
+SYNC_SUCCEEDED = "sync_time"
+SYNC_FAILED = "sync/failed_attempts"
+"""A step record's sync result: ``sync_time`` when its sync succeeded, the attempts that
+failed (``sync_retries`` + 1 of them, without ``sync_time``, when every one did)."""
 
 LIVE_STATES = frozenset({State.STARTING, State.RUNNING, State.READY, State.UNHEALTHY})
 
@@ -93,6 +97,15 @@ class ProcessRow:
         """Restarted often lately, or gave up after restarting."""
         recent = sum(1 for t in self.restart_times if now - t <= CRASH_LOOP_WINDOW)
         return recent >= CRASH_LOOP_RESTARTS or (self.state is State.FAILED and self.restarts > 0)
+
+
+@dataclass(frozen=True)
+class SyncFailure:
+    """A trainer step whose weight sync failed every attempt."""
+
+    t: float
+    step: int | None
+    attempts: int
 
 
 Point = tuple[float, int | None, float]
@@ -158,7 +171,8 @@ class RunState:
         self.metrics = SeriesStore()
         self.logs: dict[str, LogBuffer] = {SUPERVISOR_LOG: LogBuffer(max_log_lines)}
         self.notices: deque[Notice] = deque(maxlen=200)
-        self.sync_failures: deque[float] = deque(maxlen=32)
+        self.sync_failure: SyncFailure | None = None
+        """The last step whose sync failed, until a sync succeeds again."""
         self.needs_lost: dict[str, NeedLost] = {}
         """Processes that cannot go on, by name: what they lack (until regained)."""
         self.stall: Stalled | None = None
@@ -186,6 +200,7 @@ class RunState:
                         self.metrics.add(name, event.t, event.step, float(value))
                 if self._progressed(event):
                     self.stall = None
+                self._sync_result(event)
             case NeedLost():
                 self.needs_lost[event.process] = event
                 failed = "; ".join(f"{name}: {why}" for name, why in event.failed.items())
@@ -260,10 +275,17 @@ class RunState:
                 )
             case Notice():
                 self.notices.append(event)
-                if event.level in ("warning", "error") and "sync" in event.message.lower():
-                    self.sync_failures.append(event.t)
                 if event.level != "debug":  # recorded, not shown (NVML absent on a CPU box)
                     self._event_line(event.t, f"[{event.level}] {event.message}")
+
+    def _sync_result(self, record: MetricsRecord) -> None:
+        """A trainer step's sync result (its metrics, not the words of a notice: a warning
+        about a slower sync is no failure)."""
+        if SYNC_SUCCEEDED in record.data:
+            self.sync_failure = None
+        elif record.data.get(SYNC_FAILED):
+            attempts = int(record.data[SYNC_FAILED])
+            self.sync_failure = SyncFailure(t=record.t, step=record.step, attempts=attempts)
 
     def _progressed(self, record: MetricsRecord) -> bool:
         """A step record of the stalled process, past the step the stall was reported at."""

@@ -396,6 +396,8 @@ class Trainer:
                 metrics |= {f"sync/{name}_time": t for name, t in result.phases.items()}
                 split = sync_split(result.sync_time, result.phases)
                 metrics |= {f"{SPLIT_PREFIX}{name}_s": t for name, t in split.items()}
+            if self.path.failed_attempts:  # the sync's result for the dashboard's alert
+                metrics["sync/failed_attempts"] = float(self.path.failed_attempts)
         stale = self.step - self.last_synced_step
         if stale > self.config.max_sync_lag:
             raise SyncLagExceeded(

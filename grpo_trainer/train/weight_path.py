@@ -78,6 +78,8 @@ class WeightPath:
         self.trainer = trainer
         self.switch_mode = switch_mode
         self.incarnation = IncarnationWatch()
+        self.failed_attempts = 0
+        """Attempts of the last sync (``attempt``) that failed: the step reports them."""
         """The inference incarnation the weights were last pushed to (rank 0 reads it)."""
         self.switches = NoticeWatcher.in_run(MODE_SWITCH_FILE, ModeSwitch)
         current = self.switches.current()
@@ -222,6 +224,7 @@ class WeightPath:
         trainer = self.trainer
         failure = ""
         delay = 0.5
+        self.failed_attempts = 0
         for attempt in range(trainer.config.sync_retries + 1):
             try:
                 result = trainer.strategy.sync(trainer.model, trainer.step)  # type: ignore[union-attr]
@@ -231,6 +234,7 @@ class WeightPath:
                 return None, ""
             except Exception as exc:  # a strategy may fail in many ways; all are retried
                 failure = str(exc)
+                self.failed_attempts += 1
                 trainer.reporter.event(
                     "warning",
                     f"{why} at step {trainer.step} failed (attempt {attempt + 1}): {exc}",

@@ -126,6 +126,11 @@ def test_failing_sync_is_reported_and_bounded_by_max_sync_lag(setup, tmp_path: P
     assert trainer.step == 4
     warnings = [m for level, m in trainer.reporter.events if level == "warning"]
     assert len(warnings) == 3 and "inference server unreachable" in warnings[0]
+    results = [
+        (step, data.get("sync_time") is not None, data.get("sync/failed_attempts"))
+        for step, data in trainer.reporter.records
+    ]  # the structured result the dashboard's sync alert reads, not a warning's words
+    assert results == [(1, True, None), (2, False, 1.0), (3, False, 1.0)]
     assert resolve_resume(tmp_path / "ckpt", "none").step == 4  # saved on the way out
 
 

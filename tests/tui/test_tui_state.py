@@ -76,10 +76,11 @@ def test_every_threshold_alerts() -> None:
         "alignment/diff_abs_mean_lag0": 0.2,  # a sync error: the lag-0 figure is off too
     }
     state.apply(MetricsRecord(t=T0, process="trainer", step=1, data=data))
-    state.apply(Notice(t=T0, level="error", message="weight sync failed: HTTP 500"))
+    failed = {"loss": 0.1, "sync/failed_attempts": 4.0}  # every attempt of step 2's sync
+    state.apply(MetricsRecord(t=T0, process="trainer", step=2, data=failed))
     keys = {alert.key for alert in evaluate(state, T0 + 1)}
     assert keys == {"mean_ratio", "alignment", "sync"}
-    state.apply(MetricsRecord(t=T0, process="trainer", step=2, data={"mean_ratio": 0.9}))
+    state.apply(MetricsRecord(t=T0, process="trainer", step=3, data={"mean_ratio": 0.9}))
     assert "mean_ratio" not in {alert.key for alert in evaluate(state, T0 + 1)}
 
 
@@ -124,3 +125,33 @@ def test_staleness_alerts_on_negative_lags_and_far_stale_samples() -> None:
     assert "abandoned policy after a resume" in alert.message
     state.apply(MetricsRecord(t=T0, process="trainer", step=6, data={"staleness/max": 1.0}))
     assert evaluate(state, T0) == []  # the step after has none (only sent when present)
+
+
+def test_the_sync_alert_keys_on_the_trainers_sync_results_not_on_a_word() -> None:
+    """Issue 35: any warning with the word "sync" raised "weight sync is failing" for 120 s,
+    the config warning of ``sync/vllm_shared.py`` (a slower sync, not a failing one) too.
+    The alert now reads the trainer's step records: a step whose sync failed every
+    attempt (``sync/failed_attempts`` and no ``sync_time``) until one succeeds again."""
+    state = RunState("r")
+    for level, message in [
+        ("warning", "trainer: weight_transfer_delta needs vLLM's own layout (tensor parallel 1 "
+         "and a working direct copy); every sync sends every weight instead"),
+        ("error", "trainer: weight sync at step 3 failed (attempt 1): HTTP 500"),
+    ]:  # fmt: skip
+        state.apply(Notice(t=T0, level=level, message=message))
+    assert "sync" not in {alert.key for alert in evaluate(state, T0 + 1)}, "words are not results"
+
+    def step(n: int, t: float, **data: float) -> None:
+        state.apply(MetricsRecord(t=t, process="trainer", step=n, data={"loss": 0.1, **data}))
+
+    step(3, T0 + 2, sync_time=0.4, **{"sync/failed_attempts": 2.0})  # retried, then synced
+    assert "sync" not in {alert.key for alert in evaluate(state, T0 + 3)}
+    step(4, T0 + 4, **{"sync/failed_attempts": 4.0})  # every attempt failed
+    (alert,) = [a for a in evaluate(state, T0 + 5) if a.key == "sync"]
+    assert alert.message == "weight sync is failing (step 4: 4 failed attempts)"
+    assert alert.chart == "sync_time"
+    step(5, T0 + 6, sync_time=0.3)
+    assert "sync" not in {alert.key for alert in evaluate(state, T0 + 7)}, "synced again"
+    step(6, T0 + 8, **{"sync/failed_attempts": 4.0})
+    assert "sync" in {alert.key for alert in evaluate(state, T0 + 9)}
+    assert "sync" not in {alert.key for alert in evaluate(state, T0 + 8 + 121)}, "aged out"
