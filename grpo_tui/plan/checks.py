@@ -31,7 +31,8 @@ from grpo_tui.plan.cluster import (
     split_placement,
 )
 from grpo_tui.plan.placement import trainer_gpus, trainer_ranks
-from grpo_tui.plan.profile import KeyPath, Problem, Profile, expand_depends_on
+from grpo_tui.plan.process_tables import expand_depends_on
+from grpo_tui.plan.profile import Problem, Profile
 from grpo_tui.plan.settings import (
     ENV_WIRED,
     TRAINER_WIRED,
@@ -43,6 +44,7 @@ from grpo_tui.plan.settings import (
     served_name,
     trainer_config,
 )
+from grpo_tui.plan.toml_keys import KeyPath
 
 SettingsT = TypeVar("SettingsT", bound=BaseModel)
 

@@ -28,9 +28,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from grpo_trainer.envs.settings import BUILTIN_TASKS
-from grpo_tui.plan.profile import KeyPath, Problem
+from grpo_tui.plan.profile import Problem
 from grpo_tui.plan.roles import Plan
 from grpo_tui.plan.settings import RoleSettings, env_index
+from grpo_tui.plan.toml_keys import KeyPath
 from grpo_tui.supervisor.ports import find_port_holder
 from grpo_tui.supervisor.spec import ProcessSpec
 

@@ -3,18 +3,18 @@
 A profile has a ``[run]`` table (name, weight-sync mode, model, output directory,
 ``exit_with``, seed), role tables (``[api]``, ``[inference]``, ``[trainer]``, ``[[env]]``)
 that ``grpo_tui.plan.roles`` expands into process specs, and ``[process.<name>]`` tables for any
-other process, holding every ``ProcessSpec`` field. Every problem is reported as a
-``Problem`` naming the file, the key path (``trainer.lr``, ``process.reward.depends_on.x``)
-and the line, so that a person can fix all of them in one pass.
+other process, holding every ``ProcessSpec`` field (checked in ``process_tables.py``).
+Every problem is reported as a ``Problem`` naming the file, the key path (``trainer.lr``,
+``process.reward.depends_on.x``) and the line (``toml_keys.py``), so that a person can fix
+all of them in one pass.
 """
 
 from __future__ import annotations
 
 import difflib
-import json
 import re
 import tomllib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
@@ -23,14 +23,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import ErrorDetails
 
 from grpo_trainer.serve.settings import Mode
-from grpo_tui.supervisor.spec import ProcessSpec
+from grpo_tui.plan.toml_keys import KeyLines, KeyPath, format_key
 
 ROLE_TABLES = ("api", "inference", "trainer", "env")
 TOP_LEVEL_KEYS = ("run", *ROLE_TABLES, "process", "cluster")
 PROBE_KINDS = ("http", "tcp", "exec", "log_line")
-
-KeyPath = tuple[str | int, ...]
-
 
 @dataclass(frozen=True)
 class Problem:
@@ -119,104 +116,8 @@ class RunSettings(BaseModel):
     def tiny_model(self) -> bool:
         """True when the run builds its own tiny model into ``RUN/model`` first."""
         return self.model == "tiny"
-
-
-_BARE_KEY = re.compile(r"^[A-Za-z0-9_-]+$")
-
-
-def format_key(path: Iterable[str | int]) -> str:
-    """``("env", 0, "group_size")`` -> ``env[0].group_size``; a key that is not a bare
-    TOML key is quoted as TOML quotes it (``run." "``), so every key reads unambiguously."""
-    out = ""
-    for part in path:
-        if isinstance(part, int):
-            out += f"[{part}]"
-            continue
-        if not _BARE_KEY.match(part):
-            part = "".join(
-                c if c.isprintable() else _toml_escape(c)
-                for c in json.dumps(part, ensure_ascii=False)
-            )
-        out += f".{part}" if out else part
-    return out
-
-
-def _toml_escape(char: str) -> str:
-    r"""A character as a TOML string escape: what is not printable would break the line
-    (``\x85`` and ``\u2028`` are line breaks to ``str.splitlines``)."""
-    code = ord(char)
-    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
-
-
-_HEADER = re.compile(r"^\s*(\[\[?)\s*(.+?)\s*\]\]?\s*(#.*)?$")
 _NAME = r"""(?:[A-Za-z0-9_-]+|"[^"]*"|'[^']*')"""
 _KEY = re.compile(rf"^\s*({_NAME}(?:\s*\.\s*{_NAME})*)\s*=")
-_STRING = re.compile(r"""("(?:[^"\\]|\\.)*"|'[^']*')""")
-
-
-def _split_dotted(key: str) -> list[str]:
-    parts = re.findall(r"""[A-Za-z0-9_-]+|"(?:[^"\\]|\\.)*"|'[^']*'""", key)
-    return [p[1:-1] if p[:1] in "\"'" else p for p in parts]
-
-
-class KeyLines:
-    """Maps key paths of a TOML text to the line that defines them (1-based).
-
-    tomllib gives no positions for values, so this scans the text the way a reader does:
-    table headers (with array-of-tables indices) and ``key = value`` lines, skipping the
-    inside of multi-line arrays and strings.
-    """
-
-    def __init__(self, text: str) -> None:
-        self._lines: dict[KeyPath, int] = {}
-        counts: dict[tuple[str, ...], int] = {}
-        table: KeyPath = ()
-        depth = 0
-        in_string: str | None = None
-        for number, line in enumerate(text.splitlines(), start=1):
-            if in_string is not None:
-                if in_string in line:
-                    in_string = None
-                continue
-            if depth == 0:
-                table = self._visit(line, number, table, counts)
-                if _HEADER.match(line):
-                    continue
-            for quote in ('"""', "'''"):
-                if line.count(quote) % 2 == 1:
-                    in_string = quote
-            code = _STRING.sub('""', line).split("#", 1)[0]
-            depth = max(0, depth + code.count("[") + code.count("{"))
-            depth = max(0, depth - code.count("]") - code.count("}"))
-
-    def _visit(
-        self, line: str, number: int, table: KeyPath, counts: dict[tuple[str, ...], int]
-    ) -> KeyPath:
-        header = _HEADER.match(line)
-        if header:
-            names = tuple(_split_dotted(header.group(2)))
-            if header.group(1) == "[[":
-                index = counts.get(names, 0)
-                counts[names] = index + 1
-                path: KeyPath = (*names, index)
-            else:
-                path = names
-            self._lines.setdefault(path, number)
-            return path
-        key = _KEY.match(line)
-        if key:
-            self._lines.setdefault((*table, *_split_dotted(key.group(1))), number)
-        return table
-
-    def line(self, path: KeyPath) -> int | None:
-        """The line of ``path`` or of its nearest enclosing key that appears in the text."""
-        for end in range(len(path), 0, -1):
-            found = self._lines.get(tuple(path[:end]))
-            if found is not None:
-                return found
-        return None
-
-
 @dataclass
 class Profile:
     """A parsed profile: raw tables, the validated ``[run]`` table, and where keys are."""
@@ -363,143 +264,3 @@ def load_profile(path: Path | str, *, mode: str | None = None) -> Profile:
     if problems:
         raise ProfileError(problems)
     return Profile(path=path, text=text, data=data, run=run, lines=lines)
-
-
-def validate_process_tables(
-    profile: Profile, roles: Iterable[str]
-) -> tuple[list[ProcessSpec], dict[str, KeyPath], list[Problem]]:
-    """Validate every ``[process.<name>]`` table into a ``ProcessSpec`` (name from the key).
-
-    Tables named after a role process (``[process.trainer]``) adjust that role's spec and
-    are left to the role layer. Returns the specs, each one's key path in the profile, and
-    the problems found.
-    """
-    specs: list[ProcessSpec] = []
-    sources: dict[str, KeyPath] = {}
-    problems: list[Problem] = []
-    skip = set(roles)
-    for name, table in (profile.table("process") or {}).items():
-        where: KeyPath = ("process", name)
-        if name in skip:
-            continue
-        if not isinstance(table, dict):
-            problems.append(profile.problem(where, "must be a table"))
-            continue
-        if "name" in table:
-            problems.append(profile.problem((*where, "name"), "the name comes from the key"))
-            continue
-        try:
-            spec = ProcessSpec.model_validate({"name": name, **expand_depends_on(table)})
-        except ValidationError as error:
-            problems += profile.validation_problems(error, where, ProcessSpec)
-            continue
-        specs.append(spec)
-        sources[name] = where
-    return specs, sources, problems
-
-
-def expand_depends_on(table: Mapping[str, Any]) -> dict[str, Any]:
-    """Accept ``depends_on = ["a"]`` and ``depends_on = {a = "process_started"}``.
-
-    Both read naturally in TOML; the spec wants ``{a = {condition = "..."}}``. A list means
-    ``process_healthy`` for each name.
-    """
-    out = dict(table)
-    depends = out.get("depends_on")
-    if isinstance(depends, list) and all(isinstance(name, str) for name in depends):
-        out["depends_on"] = {name: {} for name in depends}
-    elif isinstance(depends, dict):
-        out["depends_on"] = {
-            name: {"condition": dep} if isinstance(dep, str) else dep
-            for name, dep in depends.items()
-        }
-    return out
-
-
-def check_graph(
-    profile: Profile,
-    specs: Sequence[ProcessSpec],
-    sources: Mapping[str, KeyPath],
-    names: Sequence[str],
-) -> tuple[list[ProcessSpec], list[Problem]]:
-    """Check dependencies and ports; return the specs in start order and the problems.
-
-    Problems: a ``depends_on`` or ``needs`` naming no process, a dependency cycle, two
-    processes configured on one port. ``names`` are all processes the profile defines
-    (valid or not), so that one bad table does not make its dependents' references look
-    wrong. The order is a topological order that keeps the profile's order among processes
-    free to start together.
-    """
-    problems: list[Problem] = []
-    known = ", ".join(names)
-    for spec in specs:
-        for dep in spec.depends_on:
-            if dep not in names:
-                problems.append(
-                    profile.problem(
-                        (*sources[spec.name], "depends_on", dep),
-                        f"names no process (processes: {known})",
-                    )
-                )
-        for index, need in enumerate(spec.needs):
-            for name in need.any_of:
-                if name not in names:
-                    problems.append(
-                        profile.problem(
-                            (*sources[spec.name], "needs", index, "any_of"),
-                            f"{name!r} names no process (processes: {known})",
-                        )
-                    )
-    owners: dict[int, str] = {}
-    for spec in specs:
-        if spec.port is None:
-            continue
-        if spec.port in owners:
-            other = owners[spec.port]
-            problems.append(
-                profile.problem(
-                    (*sources[spec.name], "port"),
-                    f"port {spec.port} is also used by {other} ({format_key(sources[other])})",
-                )
-            )
-        else:
-            owners[spec.port] = spec.name
-    order, cycle = _topological(specs)
-    if cycle:
-        first, second = cycle[0], cycle[1]
-        problems.append(
-            profile.problem(
-                (*sources[first], "depends_on", second),
-                f"dependency cycle: {' -> '.join(cycle)}",
-            )
-        )
-    return order, problems
-
-
-def _topological(specs: Sequence[ProcessSpec]) -> tuple[list[ProcessSpec], list[str]]:
-    """Kahn's order over known dependencies, and one cycle (as a closed path) if any."""
-    names = {spec.name for spec in specs}
-    waiting = {spec.name: {d for d in spec.depends_on if d in names} for spec in specs}
-    order: list[ProcessSpec] = []
-    remaining = list(specs)
-    while remaining:
-        free = [spec for spec in remaining if not waiting[spec.name]]
-        if not free:
-            return order, _find_cycle(waiting)
-        for spec in free:
-            order.append(spec)
-            remaining.remove(spec)
-            for deps in waiting.values():
-                deps.discard(spec.name)
-    return order, []
-
-
-def _find_cycle(waiting: Mapping[str, set[str]]) -> list[str]:
-    """Follow dependencies among the stuck processes until a name repeats."""
-    start = next(name for name, deps in waiting.items() if deps)
-    path = [start]
-    while True:
-        nxt = sorted(waiting[path[-1]])[0]
-        if nxt in path:
-            return [*path[path.index(nxt) :], nxt]
-        path.append(nxt)

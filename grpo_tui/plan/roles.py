@@ -26,16 +26,11 @@ from grpo_tui.plan.checks import memory_fit, read_adjustments, read_settings
 from grpo_tui.plan.cluster import Allocation, ClusterSettings, Placed
 from grpo_tui.plan.overrides import Overrides, edit_reasons, edited, in_force, respecified
 from grpo_tui.plan.placement import GpuPlan
-from grpo_tui.plan.profile import (
-    KeyPath,
-    Problem,
-    Profile,
-    ProfileError,
-    check_graph,
-    validate_process_tables,
-)
+from grpo_tui.plan.process_tables import check_graph, validate_process_tables
+from grpo_tui.plan.profile import Problem, Profile, ProfileError
 from grpo_tui.plan.settings import RESTART_SYNC_EVERY, RoleSettings, with_keys
 from grpo_tui.plan.specs import adjusted, role_spec, source
+from grpo_tui.plan.toml_keys import KeyPath
 from grpo_tui.plan.topology import Topology, cluster_problems, plan_topology
 from grpo_tui.supervisor.control import ControlEndpoint
 from grpo_tui.supervisor.spec import ProcessSpec

@@ -19,8 +19,8 @@ from grpo_trainer.serve.command_lines import inference_command
 from grpo_trainer.serve.settings import InferenceSettings, request_model_name
 from grpo_tui.plan.launchers import Launch
 from grpo_tui.plan.overrides import Overrides
-from grpo_tui.plan.profile import KeyPath
 from grpo_tui.plan.settings import RoleSettings, env_index, require, trainer_config
+from grpo_tui.plan.toml_keys import KeyPath
 from grpo_tui.plan.topology import Topology
 from grpo_tui.supervisor.spec import (
     Condition,

@@ -18,8 +18,9 @@ from pathlib import Path
 from grpo_tui.plan.cluster import Allocation, ClusterSettings, Placed, fit_problems
 from grpo_tui.plan.launchers import Launch, Placement, Srun, TorchrunNodes, launcher_for, step_name
 from grpo_tui.plan.placement import GpuPlan, plan_gpus
-from grpo_tui.plan.profile import KeyPath, Problem, Profile
+from grpo_tui.plan.profile import Problem, Profile
 from grpo_tui.plan.settings import ANY_ADDRESS, RoleSettings
+from grpo_tui.plan.toml_keys import KeyPath
 
 
 @dataclass(frozen=True)

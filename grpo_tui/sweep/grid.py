@@ -21,8 +21,9 @@ from typing import Any
 
 import tomli_w
 
-from grpo_tui.plan.profile import KeyPath, Problem, Profile, ProfileError, load_profile
+from grpo_tui.plan.profile import Problem, Profile, ProfileError, load_profile
 from grpo_tui.plan.roles import build_plan
+from grpo_tui.plan.toml_keys import KeyPath
 
 _PART = re.compile(r"([A-Za-z0-9_-]+)((?:\[\d+\])*)")
 _ID_CHARS = re.compile(r"[^A-Za-z0-9_.-]+")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from grpo_tui.plan.profile import KeyLines, format_key
+from grpo_tui.plan.toml_keys import KeyLines, format_key
 
 TEXT = '''\
 [run]
