@@ -1,9 +1,11 @@
 """The stall watchdog: when the trainer has made no progress for a while, say why.
 
 Progress is a trainer step (a metrics record with a step past the last one). The clock
-starts at the first step: start-up (imports, model load, the first batch) is not a stall.
-Once ``after`` seconds pass without a step, a ``Stalled`` event names what the supervisor
-can see, most telling first:
+starts at the first step: start-up (imports, model load, the first batch) is not a stall,
+unless the supervisor can name a process that keeps the first step from coming (the
+clock then starts when the trainer is ready: a process stopped, down, counting errors or
+making no progress). Once ``after`` seconds pass without a step, a ``Stalled`` event names
+what the supervisor can see, most telling first:
 
 - a process stopped (SIGSTOP, a debugger): the OS says so (psutil), whatever its probes
   say; named with its pid, since when it is quiet, its CPU use and its last line;
@@ -49,6 +51,7 @@ from grpo_tui.supervisor.events import (
     ResourceSample,
     Stalled,
     State,
+    StateChanged,
 )
 from grpo_tui.supervisor.lifecycle import ProcessStatus
 from grpo_tui.supervisor.supervisor import Supervisor
@@ -80,6 +83,8 @@ class Progress:
 
     step: int | None = None
     step_at: float = 0.0
+    ready_at: float | None = None
+    """When the trainer last became ready (the clock before its first step)."""
     phase: str = "generating"
     phase_at: float = 0.0
     envs: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -228,7 +233,7 @@ def quiet_env_causes(
         doing = (
             "busy in a loop without output"
             if busy
-            else "blocked: a deadlock, or a wait that never returns"
+            else "blocked: waiting on what does not answer, or deadlocked"
         )
         causes.append(
             f"{name} (pid {status.pid}) made no progress (no group, no error, no output): "
@@ -259,13 +264,14 @@ def process_causes(statuses: Mapping[str, ProcessStatus], trainer: str) -> list[
 def error_causes(progress: Progress, last_warning: Callable[[str], str | None]) -> list[str]:
     """Environments that counted errors since the trainer's last step, each with its last
     warning line (``inference refused (404): The model `policy` does not exist``)."""
+    since = "the trainer's last step" if progress.step is not None else "they started"
     causes = []
     for name in sorted(progress.envs):
         errors = progress.env_delta(ENV_ERRORS, name)
         if errors:
             line = last_warning(name)
             said = f"; its last: {line[:LINE_CHARS]}" if line else ""
-            causes.append(f"{name} counted {errors} errors since the trainer's last step{said}")
+            causes.append(f"{name} counted {errors} errors since {since}{said}")
     return causes
 
 
@@ -368,14 +374,19 @@ class StallWatch:
         async for event in events:
             if isinstance(event, LogBatch | ResourceSample):
                 self.activity.fold(event)
+            elif isinstance(event, StateChanged):
+                if event.process == trainer and event.new == State.READY:
+                    self.progress.ready_at = event.t
             elif isinstance(event, MetricsRecord) and self.progress.fold(event, trainer, envs):
                 self._reported = ()
 
     async def _check(self, trainer: str, http: httpx.AsyncClient) -> None:
         progress, now = self.progress, time.time()
-        quiet = now - progress.step_at
-        if progress.step is None or quiet < self.after or self.supervisor.closing:
+        first = progress.step is None
+        start = progress.ready_at if first else progress.step_at
+        if start is None or now - start < self.after or self.supervisor.closing:
             return
+        quiet = now - start
         statuses = self.supervisor.status()
         api_status, unread = await self._api_status(http)
         looks = {
@@ -388,9 +399,12 @@ class StallWatch:
         causes = [*stopped.values(), *process_causes(others, trainer)]
         causes += error_causes(progress, self._last_warning)
         causes += hold_causes(statuses, api_status)
-        causes += restart_causes(statuses, trainer, progress, now)
+        if not first:
+            causes += restart_causes(statuses, trainer, progress, now)
         if not causes and self._short(api_status):
             causes = quiet_env_causes(statuses, looks, self._quiet, progress, now, self.after)
+        if not causes and first:
+            return  # start-up that nothing named holds up is no stall
         if not causes:
             queued = str(api_status["queue_sequences"]) if api_status else f"? {unread}".strip()
             causes = progress_causes(progress, now, queued, self._need())

@@ -279,7 +279,8 @@ def test_a_quiet_environment_is_blocked_or_busy_as_its_os_state_says() -> None:
 
     assert causes("sleeping", 0.0) == [
         "env (pid 1) made no progress (no group, no error, no output): OS state sleeping, "
-        f"blocked: a deadlock, or a wait that never returns; quiet since {clock} (40 s), 0% CPU"
+        f"blocked: waiting on what does not answer, or deadlocked; quiet since {clock} (40 s), "
+        "0% CPU"
     ]
     assert "OS state running, busy in a loop without output" in causes("running", 20.0)[0]
     assert "busy in a loop" in causes("sleeping", 95.0)[0], "the CPU use says so too"
@@ -289,3 +290,32 @@ def test_a_quiet_environment_is_blocked_or_busy_as_its_os_state_says() -> None:
         MetricsRecord(t=110, process="env", step=None, data={"env/errors": 1.0}), "trainer", {"env"}
     )
     assert causes("sleeping", 0.0) == [], "an error since the step is progress of a kind"
+
+
+async def test_before_the_first_step_only_a_named_process_is_a_stall(supervise) -> None:
+    """The new user's trainer said "no batch for 244 s ... (the supervisor's stall report
+    names the cause)" before its first step, when no report could come: the clock started
+    at the first step. Start-up stays no stall, unless a process holding up the first step
+    can be named; then the clock runs from the trainer's readiness."""
+    trainer = spec(
+        "trainer", SLEEPER, role="trainer", readiness={"kind": "log_line", "pattern": "up"}
+    )
+    env = spec("env", QUIET_ENV, role="env", readiness={"kind": "log_line", "pattern": "env:"})
+    h = supervise([trainer, env])
+    watching = asyncio.create_task(StallWatch(h.sup, after=1.0).watch())
+    try:
+        await h.state("env", State.READY)
+        pid = h.sup.status()["env"].pid
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            stalled = await h.until(
+                lambda e: isinstance(e, Stalled) and "is stopped" in " ".join(e.causes),
+                timeout=20,
+            )
+        finally:
+            os.kill(pid, signal.SIGCONT)
+    finally:
+        await stop_watching(watching)
+    assert stalled.step is None and stalled.causes[0].startswith(f"env (pid {pid}) is stopped")
+    unnamed = [e for e in h.events if isinstance(e, Stalled) and not e.causes]
+    assert unnamed == []
