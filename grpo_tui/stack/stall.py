@@ -37,13 +37,20 @@ import contextlib
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-import psutil
 
-from grpo_trainer.train.phases import CURRENT, PHASES
+from grpo_tui.stack.progress import ENV_DROPPED, ENV_ERRORS, ENV_SENT, Progress
+from grpo_tui.stack.stuck import (
+    LINE_CHARS,
+    LIVE,
+    Activity,
+    Quiet,
+    look,
+    quiet_env_causes,
+    stopped_causes,
+)
 from grpo_tui.supervisor.bus import Subscription
 from grpo_tui.supervisor.events import (
     LogBatch,
@@ -59,187 +66,9 @@ from grpo_tui.supervisor.supervisor import Supervisor
 TICK = 1.0
 SERVERS = ("inference", "api")
 """Roles the trainer needs to answer, named first when down."""
-STEP_METRIC = "loss"
-"""In every record of a trainer step, and only there."""
 SYNC_PHASES = ("sleeping", "syncing", "waking")
-ENV_SENT = "env/groups_sent"
-ENV_DROPPED = "env/groups_dropped_equal_scores"
-ENV_ERRORS = "env/errors"
-ENV_TOO_LONG = "env/groups_dropped_too_long"
-COUNTED = (ENV_SENT, ENV_DROPPED, ENV_ERRORS, ENV_TOO_LONG)
-LINE_CHARS = 240
-"""The most of a process's last warning line a cause quotes."""
 WARNS = re.compile(r"\b(WARNING|ERROR|CRITICAL|Error|error)\b")
-STOPPED_STATES = (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP)
-BUSY_CPU = 50.0
-"""CPU % (of one core, the process tree's) from which a process without progress is busy,
-not blocked (as is one the OS finds running: on a loaded machine a loop may get less)."""
-LIVE = (State.READY, State.RUNNING, State.UNHEALTHY)
-
-
-@dataclass
-class Progress:
-    """What the watch has seen of the trainer and the environments."""
-
-    step: int | None = None
-    step_at: float = 0.0
-    ready_at: float | None = None
-    """When the trainer last became ready (the clock before its first step)."""
-    phase: str = "generating"
-    phase_at: float = 0.0
-    envs: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Each environment's cumulative counters, latest."""
-    envs_at_step: dict[str, dict[str, float]] = field(default_factory=dict)
-    """The same, when the trainer's last step arrived."""
-    envs_moved_at: dict[str, float] = field(default_factory=dict)
-    """When each environment's counters last moved (a group sent, dropped, an error)."""
-
-    def fold(self, record: MetricsRecord, trainer: str, envs: set[str]) -> bool:
-        """Take one metrics record; True when it is a new trainer step."""
-        if record.process in envs:
-            counts = self.envs.setdefault(record.process, {})
-            new = {k: v for k, v in record.data.items() if k in COUNTED}
-            if any(counts.get(k) != v for k, v in new.items()):
-                self.envs_moved_at[record.process] = record.t
-            counts.update(new)
-            return False
-        if record.process != trainer:
-            return False
-        if CURRENT in record.data:
-            phase = PHASES[int(record.data[CURRENT])]
-            if phase != self.phase:
-                self.phase, self.phase_at = phase, record.t
-        if record.step is None or STEP_METRIC not in record.data:
-            return False  # a phase change is not progress; a step (even one redone) is
-        self.step, self.step_at = record.step, record.t
-        self.envs_at_step = {name: dict(counts) for name, counts in self.envs.items()}
-        return True
-
-    def env_delta(self, key: str, name: str | None = None) -> int:
-        """How much ``key`` rose since the last step, over every environment or in ``name``
-        (a restarted environment counts from 0 again)."""
-        total = 0.0
-        for env, counts in self.envs.items():
-            if name is not None and env != name:
-                continue
-            before = self.envs_at_step.get(env, {}).get(key, 0.0)
-            now = counts.get(key, 0.0)
-            total += now - before if now >= before else now
-        return int(total)
-
-
-@dataclass
-class Activity:
-    """What the supervisor saw each process do lately: output, CPU use."""
-
-    output_at: dict[str, float] = field(default_factory=dict)
-    """When each process last printed a line."""
-    cpu: dict[str, float] = field(default_factory=dict)
-    """Each process tree's CPU % at the supervisor's last resource sample."""
-
-    def fold(self, event: LogBatch | ResourceSample) -> None:
-        if isinstance(event, LogBatch):
-            if event.lines:
-                self.output_at[event.process] = event.t
-        else:
-            self.cpu[event.process] = event.cpu_percent
-
-
-@dataclass(frozen=True)
-class Look:
-    """What the OS says of a process tree: the leader's state, and a stopped process in it."""
-
-    state: str
-    stopped: int | None = None
-    """The pid of a stopped process of the tree (the leader's own, or a descendant's)."""
-    stopped_state: str = ""
-
-
-def look(pid: int) -> Look | None:
-    """The OS's view of the tree led by ``pid`` (None: gone)."""
-    try:
-        leader = psutil.Process(pid)
-        state = leader.status()
-        tree = [leader, *leader.children(recursive=True)]
-    except psutil.Error:
-        return None
-    for proc in tree:
-        try:
-            status = proc.status()
-        except psutil.Error:
-            continue
-        if status in STOPPED_STATES:
-            return Look(state, proc.pid, status)
-    return Look(state)
-
-
-@dataclass(frozen=True)
-class Quiet:
-    """How to describe one process that makes no progress: since when, its last line."""
-
-    since: float
-    cpu: float | None
-    line: str | None
-
-    def describe(self, now: float) -> str:
-        clock = time.strftime("%H:%M:%S", time.localtime(self.since))
-        cpu = "CPU not sampled yet" if self.cpu is None else f"{self.cpu:.0f}% CPU"
-        said = f"; its last line: {self.line[:LINE_CHARS]}" if self.line else ""
-        return f"quiet since {clock} ({now - self.since:.0f} s), {cpu}{said}"
-
-
-def stopped_causes(
-    statuses: Mapping[str, ProcessStatus],
-    looks: Mapping[str, Look],
-    quiet: Callable[[str], Quiet],
-    now: float,
-) -> dict[str, str]:
-    """Processes alive whose tree holds a stopped process, by name: the stall's cause
-    whatever else (a liveness probe, the environments' counts) shows its symptoms."""
-    causes = {}
-    for name, status in statuses.items():
-        seen = looks.get(name)
-        if status.state not in LIVE or seen is None or seen.stopped is None:
-            continue
-        child = "" if seen.stopped == status.pid else f", a child of pid {status.pid}"
-        causes[name] = (
-            f"{name} (pid {seen.stopped}{child}) is stopped (OS state {seen.stopped_state}: "
-            f"SIGSTOP or a debugger; SIGCONT resumes it), {quiet(name).describe(now)}"
-        )
-    return causes
-
-
-def quiet_env_causes(
-    statuses: Mapping[str, ProcessStatus],
-    looks: Mapping[str, Look],
-    quiet: Callable[[str], Quiet],
-    progress: Progress,
-    now: float,
-    after: float,
-) -> list[str]:
-    """Environments alive that made no progress since the trainer's last step and were
-    quiet (no group, no error, no line) for ``after`` s: blocked or busy, as their OS
-    state and CPU use say."""
-    causes = []
-    for name, status in statuses.items():
-        seen = looks.get(name)
-        if status.role != "env" or status.state not in LIVE or seen is None:
-            continue
-        moved = sum(progress.env_delta(key, name) for key in COUNTED)
-        still = quiet(name)
-        if moved or now - still.since < after:
-            continue
-        busy = seen.state == psutil.STATUS_RUNNING or (still.cpu or 0.0) >= BUSY_CPU
-        doing = (
-            "busy in a loop without output"
-            if busy
-            else "blocked: waiting on what does not answer, or deadlocked"
-        )
-        causes.append(
-            f"{name} (pid {status.pid}) made no progress (no group, no error, no output): "
-            f"OS state {seen.state}, {doing}; {still.describe(now)}"
-        )
-    return causes
+"""A line that warns or errs (the last one an environment counting errors printed)."""
 
 
 def process_causes(statuses: Mapping[str, ProcessStatus], trainer: str) -> list[str]:

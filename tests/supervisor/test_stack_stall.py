@@ -13,19 +13,16 @@ import time
 
 from conftest import child, spec
 
+from grpo_tui.stack.progress import Progress
 from grpo_tui.stack.stall import (
-    Look,
-    Progress,
-    Quiet,
     StallWatch,
     error_causes,
     hold_causes,
     process_causes,
     progress_causes,
-    quiet_env_causes,
     restart_causes,
-    stopped_causes,
 )
+from grpo_tui.stack.stuck import Look, Quiet, quiet_env_causes, stopped_causes
 from grpo_tui.supervisor.events import MetricsRecord, Stalled, State
 from grpo_tui.supervisor.lifecycle import ProcessStatus
 
