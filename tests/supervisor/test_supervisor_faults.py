@@ -13,6 +13,7 @@ import pytest
 from conftest import alive, child, spec
 
 from grpo_tui.supervisor.events import NeedLost, NeedRegained, Restarting, State, StateChanged
+from grpo_tui.supervisor.process import ChildProcess, SpawnError
 from grpo_tui.supervisor.spec import Need, ProcessSpec, RestartPolicy
 
 
@@ -59,6 +60,32 @@ WORKER = [
     "while True: time.sleep(0.05)\n",
 ]
 BROKEN = [sys.executable, "-c", "import no_such_mod"]
+
+
+async def test_a_spawn_error_that_may_pass_backs_off_and_is_never_failed(
+    supervise, monkeypatch
+) -> None:
+    """Issue 35: a spawn error that may pass (out of memory or processes) was published as
+    FAILED, which the run's end, the console, the process table and the dashboard take as
+    failed for good, and then backed off. It is a BACKOFF naming the error; the next spawn
+    runs the process."""
+    real = ChildProcess.spawn.__func__
+    errors = [SpawnError("cannot start python: Resource temporarily unavailable", permanent=False)]
+
+    async def flaky(cls, spec, **kwargs):
+        if errors:
+            raise errors.pop()
+        return await real(cls, spec, **kwargs)
+
+    monkeypatch.setattr(ChildProcess, "spawn", classmethod(flaky))
+    policy = RestartPolicy(policy="on_failure", backoff_base=0.05)
+    h = supervise([spec("worker", WORKER, restart=policy)], exit_with="worker")
+    await h.state("worker", State.RUNNING)
+    changes = [(c.old, c.new) for c in h.changes("worker")]
+    assert changes == [(State.PENDING, State.BACKOFF), (State.BACKOFF, State.RUNNING)]
+    (restarting,) = [e for e in h.events if isinstance(e, Restarting)]
+    assert restarting.reason == "cannot start python: Resource temporarily unavailable"
+    assert not h.run_task.done(), "the run goes on"
 QUICK_GIVE_UP = RestartPolicy(policy="on_failure", backoff_base=0.05, max_restarts=1)
 
 
