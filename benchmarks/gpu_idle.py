@@ -123,6 +123,8 @@ class EmptyCheck:
     """Per GPU: memory in use at the end of the wait."""
     processes: list[str] = field(default_factory=list)
     """``GPU pid name MiB`` of every compute process seen at the end of the wait."""
+    max_used_mib: float = EMPTY_MIB
+    """The most memory in use that counted as empty."""
 
     @property
     def empty(self) -> bool:
@@ -152,7 +154,7 @@ def wait_empty(
 ) -> EmptyCheck:
     """Wait up to ``timeout`` s until every GPU of ``gpus`` has no compute process and at
     most ``max_used_mib`` in use. Never kills: what is there is named in the result."""
-    check = EmptyCheck(list(gpus))
+    check = EmptyCheck(list(gpus), max_used_mib=max_used_mib)
     source = nvml if nvml is not None else open_nvml()
     if source is None or not gpus:
         return check

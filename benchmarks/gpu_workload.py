@@ -693,7 +693,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=float,
         default=90.0,
         help="seconds to wait before each run for the lane's GPUs to be empty (no compute "
-        "process, <= 1 GiB used); the run's row records what was found",
+        "process, at most --empty-mib used); the run's row records what was found",
+    )
+    parser.add_argument(
+        "--empty-mib",
+        type=float,
+        default=1024.0,
+        help="memory in use (MiB) at most on an empty GPU (issue 39: 1 GiB)",
     )
     parser.add_argument("--steps", type=int, default=11, help="optimizer steps per run")
     parser.add_argument("--floor-reps", type=int, default=3, help="floor generations")
@@ -810,7 +816,11 @@ def run_part(args: argparse.Namespace, name: str, work: Path, end: float) -> Par
         return Part(name, name, status="not run: AsyncGRPOTrainer needs a vllm serve (GPU)")
     trainer, served = placement(args, name)
     gpus = sorted(set(trainer + served))
-    empty = wait_empty(gpus, timeout=max(0.0, min(args.empty_timeout, end - time.monotonic())))
+    empty = wait_empty(
+        gpus,
+        timeout=max(0.0, min(args.empty_timeout, end - time.monotonic())),
+        max_used_mib=args.empty_mib,
+    )
     print(f"gpu_workload {args.size}: GPUs {gpus or '-'} before {name}: {empty.describe()}",
           flush=True)  # fmt: skip
     left = end - time.monotonic()

@@ -64,6 +64,7 @@ for lane in $LANES; do
   timeout -k 10 $((budget + 10)) python3 benchmarks/gpu_workload.py --size "$size" \
     --device "cuda:$gpu" --out "$WORK/$name" --json "$OUT/$CALL_ID-$name.json" \
     --budget "$budget" --call-id "$CALL_ID" --models "$ROOT/models" "${quick[@]}" \
+    --empty-mib "${GPU_EMPTY_MIB:-1024}" \
     ${parts:+--parts ${parts//,/ }} ${GPU_WORKLOAD_ARGS:-} > "$WORK/$name/console.log" 2>&1 &
   pids+=($!)
 done

@@ -155,10 +155,13 @@ def prebuild(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     spec = next(s for s in build_plan(load_profile(path), work / "build").specs
                 if s.name == "model")  # fmt: skip
     began = time.monotonic()
-    done = subprocess.run(
-        spec.command, env=child_env(args), cwd=REPO, capture_output=True, text=True,
-        timeout=max(60.0, args.budget / 2),
-    )  # fmt: skip
+    try:
+        done = subprocess.run(
+            spec.command, env=child_env(args), cwd=REPO, capture_output=True, text=True,
+            timeout=max(60.0, args.budget / 2),
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as error:  # the child is killed: no mode can run
+        done = subprocess.CompletedProcess(spec.command, 124, "", f"timed out: {error}")
     seconds = time.monotonic() - began
     out = Path(spec.command[spec.command.index("build") + 1])
     files = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) if out.is_dir() else 0
@@ -407,8 +410,9 @@ def markdown(
                   "", *startup_table(started)]  # fmt: skip
     checks = [r for r in results if r.gpu_before]
     if checks:
-        lines += ["", "GPU before each mode (no compute process, <= 1 GiB used; bounded wait, "
-                  "nothing killed):", ""]  # fmt: skip
+        limit = max(float(r.gpu_before.get("max_used_mib", 1024)) for r in checks)
+        lines += ["", f"GPU before each mode (no compute process, <= {limit:.0f} MiB used; "
+                  "bounded wait, nothing killed):", ""]  # fmt: skip
         for r in checks:
             lines.append(f"- {r.mode}: {EmptyCheck(**r.gpu_before).describe()}")
     clocks = [line for r in results if (line := clock_line(r))]
@@ -430,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--cpu", action="store_true", help="built-in server, tiny shape")
     parser.add_argument("--empty-timeout", type=float, default=60.0)
+    parser.add_argument("--empty-mib", type=float, default=1024.0, help="empty: at most this")
     args = parser.parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwind: stop the running run
     end = time.monotonic() + args.budget
@@ -464,7 +469,8 @@ def main(argv: list[str] | None = None) -> int:
         if build.get("exit"):
             result.status = "not run: the model build failed"
             continue
-        empty = wait_empty([] if args.cpu else [0], timeout=min(args.empty_timeout, left))
+        empty = wait_empty([] if args.cpu else [0], timeout=min(args.empty_timeout, left),
+                           max_used_mib=args.empty_mib)  # fmt: skip
         result.gpu_before = empty.to_json()
         print(f"seven_b_1gpu: GPU before {result.mode}: {empty.describe()}", flush=True)
         left = end - time.monotonic()

@@ -34,7 +34,8 @@ echo "seven_b_1gpu_device: call $CALL_ID from $(date -u +%T), ${SECONDS}s in"
 budget=$((TOTAL - SECONDS - 35))
 # shellcheck disable=SC2086
 timeout -k 15 $((budget + 20)) python3 benchmarks/seven_b_1gpu.py --out "$OUT" \
-  --work "$ROOT" --call-id "$CALL_ID" --budget "$budget" "${cpu[@]}" ${SEVEN_B_ARGS:-}
+  --work "$ROOT" --call-id "$CALL_ID" --budget "$budget" --empty-mib "${GPU_EMPTY_MIB:-1024}" \
+  "${cpu[@]}" ${SEVEN_B_ARGS:-}
 status=$?
 echo "seven_b_1gpu_device: exit $status after ${SECONDS}s"
 if command -v nvidia-smi >/dev/null; then

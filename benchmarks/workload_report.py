@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpu_idle import EMPTY_MIB, EmptyCheck, correlation, per_step
+from gpu_idle import EmptyCheck, correlation, per_step
 from workload_startup import table as startup_table
 
 PARTS = (
@@ -243,9 +243,10 @@ def empty_check_lines(runs: list[Part]) -> list[str]:
         return ["Empty GPU before each run: not checked (no NVML on this machine).", ""]
     empty = [c for c in found if c.empty]
     busy = [(p, c) for p, c in zip(checked, found, strict=True) if c.status == "not empty"]
+    limit = max(c.max_used_mib for c in found)
     line = (
         f"Empty GPU before each run (bounded wait for no compute process and at most "
-        f"{EMPTY_MIB} MiB used on the run's GPUs; nothing found there is ever killed): "
+        f"{limit:.0f} MiB used on the run's GPUs; nothing found there is ever killed): "
         f"{len(empty)} of {len(checked)} runs found them empty"
     )
     if empty:
