@@ -149,7 +149,8 @@ def child_env(args: argparse.Namespace) -> dict[str, str]:
 
 def prebuild(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Build the model once into the tiny-model cache with the very command a run's model
-    process uses (the same cache key), and time it: the build, stated apart."""
+    process uses (the same cache key), ``--cache-only`` (no copy out of the cache), and
+    time it: the build, stated apart."""
     path = work / "profile-build.toml"
     path.write_text(tomli_w.dumps(profile_body("shared_vllm", [1, 2], work / "runs", args.cpu)))
     spec = next(s for s in build_plan(load_profile(path), work / "build").specs
@@ -157,19 +158,21 @@ def prebuild(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     began = time.monotonic()
     try:
         done = subprocess.run(
-            spec.command, env=child_env(args), cwd=REPO, capture_output=True, text=True,
-            timeout=max(60.0, args.budget / 2),
+            [*spec.command, "--cache-only"], env=child_env(args), cwd=REPO,
+            capture_output=True, text=True, timeout=max(60.0, args.budget / 2),
         )  # fmt: skip
     except subprocess.TimeoutExpired as error:  # the child is killed: no mode can run
         done = subprocess.CompletedProcess(spec.command, 124, "", f"timed out: {error}")
     seconds = time.monotonic() - began
-    out = Path(spec.command[spec.command.index("build") + 1])
-    files = sum(p.stat().st_size for p in out.rglob("*") if p.is_file()) if out.is_dir() else 0
-    shutil.rmtree(work / "build", ignore_errors=True)  # the cache keeps it
+    how = (done.stdout.strip().splitlines() or ["?"])[-1]
+    entry = Path(how.partition(" in ")[2]) if " in " in how else None
+    files = 0
+    if entry is not None and entry.is_dir():
+        files = sum(p.stat().st_size for p in entry.rglob("*") if p.is_file())
     return {
         "seconds": round(seconds, 1),
         "exit": done.returncode,
-        "how": (done.stdout.strip().splitlines() or ["?"])[-1],
+        "how": how,
         "bytes": files,
         "command": " ".join(spec.command[2:]),
         "error": done.stderr[-1500:] if done.returncode else "",
@@ -348,8 +351,9 @@ def markdown(
         f"- modes one after the other, each on a GPU checked empty first; reward: mean over "
         f"{WINDOW} steps, target {args.target}, a run stops there; times from the command",
         "",
-        f"Build (stated apart, before the runs; each run then copies it from the cache): "
-        f"{build.get('seconds', 'n/a')} s, {build.get('bytes', 0) / 1e9:.1f} GB of files, "
+        f"Build (stated apart, before the runs; each run then copies it from the cache: "
+        f"`model built` below): {build.get('seconds', 'n/a')} s, "
+        f"{build.get('bytes', 0) / 1e9:.2f} GB of files, "
         f"exit {build.get('exit', '-')} ({build.get('how', '')})"
         + (f": {build['error'][-300:]}" if build.get("error") else ""),
         "",

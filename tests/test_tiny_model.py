@@ -57,3 +57,16 @@ def test_key_follows_flags_and_builder_code(
     edited.write_bytes(tiny_model.BUILDER.read_bytes() + b"\n# changed\n")
     monkeypatch.setattr(tiny_model, "BUILDER", edited)
     assert tiny_model.cache_key(shape) != key
+
+
+def test_cache_only_fills_the_cache_and_writes_nothing_else(tmp_path: Path) -> None:
+    """A large shape is built ahead of its runs (benchmarks/seven_b_1gpu.py): the cache
+    gets the entry a run's build then copies, without importing torch again."""
+    cache = tmp_path / "cache"
+    first = build(tmp_path / "ahead", cache, "--seed", "6", "--cache-only")
+    assert "tiny model built in " in first and not (tmp_path / "ahead").exists()
+    again = build(tmp_path / "ahead", cache, "--seed", "6", "--cache-only")
+    assert "tiny model cached in " in again and "no torch" in again
+    run = build(tmp_path / "run", cache, "--seed", "6")
+    assert "copied from" in run and "no torch" in run
+    assert files(tmp_path / "run") == files(Path(first.split(" in ")[1].splitlines()[0]))

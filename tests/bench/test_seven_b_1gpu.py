@@ -98,7 +98,7 @@ def test_a_cut_run_reports_its_curve_phases_and_peaks(tmp_path: Path) -> None:
     args = argparse.Namespace(cpu=False, target=0.8, call="c1")
     build = {"seconds": 61.0, "bytes": 13.1e9, "exit": 0}
     text = seven_b_1gpu.markdown([result, seven_b_1gpu.ModeResult("colocate")], build, {}, args)
-    assert "61.0 s, 13.1 GB of files, exit 0" in text
+    assert "61.0 s, 13.10 GB of files, exit 0" in text
     assert "| shared_vllm | reached | 11 | 0.100 | 0.940 | 10 | 99 | 90.0 | 1.00 | " in text
     assert "inference NVML 21.0, trainer NVML 55.0, trainer torch 50.0 |" in text
     assert "| colocate | not run | 0 |" in text
