@@ -64,6 +64,7 @@ def recorded_events() -> list[Event]:
         events.append(
             Restarting(t=t, process="env", attempt=attempt, delay=2.0**attempt, reason="exit 1")
         )
+    events.append(ProbeResult(t=T0 + 25, process="env", probe="readiness", ok=True))
     events.append(
         StateChanged(t=T0 + 25, process="env", old=State.BACKOFF, new=State.READY, pid=4200)
     )
