@@ -189,4 +189,18 @@ async def test_inspector_says_when_nothing_is_recorded(tmp_path: Path) -> None:
     app = view_app(tmp_path)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("g")
-        assert "nothing recorded" in detail_text(app) or "no group" in detail_text(app)
+        assert detail_text(app).strip() == "nothing recorded"
+
+
+async def test_inspector_says_when_no_group_matches_the_filter(tmp_path: Path) -> None:
+    write_recorded_rollouts(tmp_path)
+    app = view_app(tmp_path)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("g")
+        screen = app.screen
+        assert isinstance(screen, InspectorScreen)
+        await pilot.press("slash")
+        screen.query_one(Input).value = f"step={STEPS + 1}"
+        await pilot.press("enter")
+        assert len(screen.query_one(GroupList).rows) == 0 and screen.record is None
+        assert detail_text(app).strip() == "no group matches the filter"
