@@ -125,16 +125,6 @@ class Timeline:
         windows = [w for s, w in self._steps.items() if first <= s <= last]
         return min(w[0] for w in windows), max(w[1] for w in windows)
 
-    def bounds(self) -> tuple[float, float] | None:
-        """The earliest start and the latest end of any span (None: nothing recorded)."""
-        starts, ends = [], []
-        for lane in self.lanes.values():
-            if len(lane):
-                _, start, end, _ = lane.arrays()
-                starts.append(start[0])
-                ends.append(end.max())
-        return (min(starts), max(ends)) if starts else None
-
     def breakdown(self, t0: float, t1: float) -> dict[str, dict[str, float]]:
         """Seconds of each phase on each lane within ``[t0, t1]``, and ``idle``: the seconds
         no phase covered. A breakdown: the parts add up to the window. A phase's overlapping

@@ -7,7 +7,7 @@ without loading torch. The command line each engine is started with is
 
 Served names: the base model is served as ``served_model_name`` (default ``policy``), or as
 ``<served_model_name>-base`` when the server starts in a LoRA mode. ``lora_only`` serves each
-synced adapter under a new name (``adapter_name``), ``lora_restart`` preloads it as
+synced adapter under a new name (``sync/lora_only.py``), ``lora_restart`` preloads it as
 ``served_model_name``. Environments ask for the name the trainer last reported to the rollout
 API with its served version (``/status-env``'s ``served_model``), so a new adapter or a mode
 switch reaches them atomically, between two groups.
@@ -252,9 +252,3 @@ def request_model_name(settings: InferenceSettings, mode: str) -> str:
     if settings.backend == "sglang" and mode in LORA_MODES:
         return f"{settings.base_model_name(mode)}:{settings.served_model_name}"
     return settings.served_model_name
-
-
-def adapter_name(served_model_name: str, version: int) -> str:
-    """The name ``lora_only`` serves the adapter of trainer step ``version`` under: each sync
-    loads the new adapter beside the served one, never over it (``sync/lora_only.py``)."""
-    return f"{served_model_name}-step{version}"

@@ -133,11 +133,9 @@ class OutputSink:
         self.on_line: Callable[[str], None] | None = None
         self.on_lines: Callable[[], None] | None = None
         self._splitter = LineSplitter()
-        self.bytes_written = 0
 
     def feed(self, chunk: bytes) -> None:
         self.file.write(chunk)
-        self.bytes_written += len(chunk)
         self._accept(self._splitter.feed(chunk))
 
     def end_of_stream(self) -> None:
