@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -31,9 +30,8 @@ import gpu_modes as gm
 import psutil
 import tomli_w
 
+from grpo_trainer.train.resume import RESUMED
 from grpo_trainer.weight_dirs.layout import list_checkpoints
-
-RESUMED = re.compile(r"resuming from (\S+) at step (\d+)")
 
 
 def events(run_dir: Path, kind: str | None = None) -> list[dict[str, Any]]:
@@ -56,8 +54,8 @@ def trainer_steps(run_dir: Path, since: float = 0.0) -> list[int]:
 def resumes(run_dir: Path) -> list[tuple[str, int]]:
     found = []
     for event in events(run_dir, "Notice"):
-        if match := RESUMED.search(str(event.get("message", ""))):
-            found.append((match.group(1), int(match.group(2))))
+        if event.get("code") == RESUMED:
+            found.append((event["data"]["checkpoint"], int(event["data"]["step"])))
     return found
 
 

@@ -13,13 +13,13 @@ one row per run, side by side.
 from __future__ import annotations
 
 import json
-import re
 import statistics
 import sys
 from pathlib import Path
 
+from grpo_tui.supervisor.standby import STANDBY_ADOPTED
+
 USAGE = "usage: python benchmarks/restart_phases.py LABEL=RUN_DIR [LABEL=RUN_DIR ...]"
-AGE = re.compile(r"adopting its standby \(pid \d+, spawned ([\d.]+) s ago\)")
 
 
 def phases(run_dir: Path, process: str = "inference") -> dict[str, list[float]]:
@@ -39,8 +39,8 @@ def phases(run_dir: Path, process: str = "inference") -> dict[str, list[float]]:
                 found["start"].append(event["t"] - stopped)
                 found["total"].append(event["t"] - asked)
                 asked = stopped = None
-        elif kind == "Notice" and (match := AGE.search(event.get("message", ""))):
-            found["age"].append(float(match.group(1)))
+        elif kind == "Notice" and event.get("code") == STANDBY_ADOPTED:
+            found["age"].append(float(event["data"]["waited_s"]))
     return found
 
 

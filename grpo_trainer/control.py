@@ -97,9 +97,13 @@ class SupervisorLink:
         """Queue one metrics record; dropped (counted) when the queue is full."""
         self._offer({"type": "metrics", "step": step, "t": time.time(), "data": data})
 
-    def send_event(self, level: str, message: str) -> None:
-        """Queue an event for the supervisor's event log (``info``/``warning``/``error``)."""
-        self._offer({"type": "event", "t": time.time(), "level": level, "message": message})
+    def send_event(
+        self, level: str, message: str, code: str = "", data: dict[str, Any] | None = None
+    ) -> None:
+        """Queue an event for the supervisor's event log (``info``/``warning``/``error``);
+        ``code`` and ``data`` say what happened for programs (the supervisor's ``Notice``)."""
+        event = {"type": "event", "t": time.time(), "level": level, "message": message}
+        self._offer({**event, "code": code, "data": data or {}})
 
     def request(
         self,
@@ -262,12 +266,19 @@ class SupervisorLink:
             pending.done.set()
 
 
-def report_event(link: SupervisorLink | None, level: str, message: str) -> None:
+def report_event(
+    link: SupervisorLink | None,
+    level: str,
+    message: str,
+    code: str = "",
+    data: dict[str, Any] | None = None,
+) -> None:
     """Something a person should see: stderr (the process's log) and, when a supervisor
-    runs us, its event log (``info``/``warning``/``error``)."""
+    runs us, its event log (``info``/``warning``/``error``; ``code`` and ``data``: what
+    happened, for programs)."""
     print(f"[{level}] {message}", file=sys.stderr, flush=True)
     if link is not None:
-        link.send_event(level, message)
+        link.send_event(level, message, code, data)
 
 
 def _line(record: dict[str, Any]) -> bytes:

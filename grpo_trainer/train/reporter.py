@@ -75,9 +75,12 @@ class Reporter:
         if self.link is not None:
             self.link.send_metrics(step, data)
 
-    def event(self, level: str, message: str) -> None:
-        """Something a person should see: stderr (the process log) and the event log."""
-        report_event(self.link, level, message)
+    def event(
+        self, level: str, message: str, code: str = "", data: dict[str, Any] | None = None
+    ) -> None:
+        """Something a person should see: stderr (the process log) and the event log
+        (``code`` and ``data``: what happened, for programs)."""
+        report_event(self.link, level, message, code, data)
 
     def close(self) -> None:
         """Flush the socket queue briefly and finish wandb."""

@@ -13,6 +13,10 @@ from pathlib import Path
 
 from grpo_trainer.weight_dirs.layout import Checkpoint, list_checkpoints, read_checkpoint
 
+RESUMED = "resumed"
+"""``code`` of the event a trainer that continues from a checkpoint sends (``data``: the
+``step`` and the ``checkpoint``)."""
+
 
 @dataclass(frozen=True)
 class ResumePoint:

@@ -21,7 +21,7 @@ from grpo_trainer.train.memory_fit import GpuDoesNotFit, footprint, startup_prob
 from grpo_trainer.train.policy import build_policy, reference_model
 from grpo_trainer.train.recording import StepRecorder, fast_decode
 from grpo_trainer.train.reporter import Reporter
-from grpo_trainer.train.resume import ResumePoint, resolve_resume, resume_from_path
+from grpo_trainer.train.resume import RESUMED, ResumePoint, resolve_resume, resume_from_path
 from grpo_trainer.train.sources import ApiSource, BatchSource, FileSource
 from grpo_trainer.train.strategy import make_strategy, sync_context
 from grpo_trainer.train.switch import switch_in_place
@@ -258,7 +258,12 @@ def _run(config: TrainerConfig, world: Dist) -> int:
     try:
         point = resume_point(config)
         if point is not None:
-            reporter.event("info", f"resuming from {point.checkpoint} at step {point.step}")
+            reporter.event(
+                "info",
+                f"resuming from {point.checkpoint} at step {point.step}",
+                code=RESUMED,
+                data={"step": point.step, "checkpoint": str(point.checkpoint)},
+            )
         try:
             if world.enabled:
                 trainer = _sharded_trainer(config, world, reporter, point)

@@ -39,6 +39,9 @@ from grpo_trainer.weight_dirs.layout import checkpoint_name
 if TYPE_CHECKING:
     from grpo_trainer.train.loop import Trainer
 
+SWITCHED_IN_PLACE = "mode_switched_in_place"
+"""``code`` of the trainer's event once it switched (``data``: ``old`` and ``new`` mode, the
+``step``)."""
 SWITCHED = ("weight_bridge_mode", "sync_every", "max_sync_lag", "none_reload")
 """The trainer settings a mode switch changes (the rest of the new command line is the
 same run's)."""
@@ -78,6 +81,8 @@ def switch_in_place(trainer: Trainer, notice: ModeSwitch) -> None:
         "info",
         f"weight-sync mode {old.weight_bridge_mode} -> {notice.mode} in place at step "
         f"{trainer.step} ({time.perf_counter() - started:.2f} s)",
+        code=SWITCHED_IN_PLACE,
+        data={"old": old.weight_bridge_mode, "new": notice.mode, "step": trainer.step},
     )
 
 

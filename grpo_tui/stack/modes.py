@@ -24,12 +24,16 @@ from collections.abc import Callable
 
 from grpo_trainer.run_notices import MODE_SWITCH_FILE, ModeSwitch, ModeSwitched, write_notice
 from grpo_tui.plan.roles import SwitchPlan
+from grpo_tui.supervisor.events import Notice
 from grpo_tui.supervisor.supervisor import ProcessFailed, Supervisor
 
 TRAINER = "trainer"
 INFERENCE = "inference"
 TRAINER_MODULE = "grpo_trainer.train"
 SAY_EVERY = 15.0
+MODE_ACTIVE = "mode_active"
+"""``Notice.code`` once a switch is done (``data``: the ``mode``, ``in_place`` and, in place,
+the trainer's ``step``)."""
 
 
 SwitchPlanner = Callable[[str], SwitchPlan]
@@ -105,17 +109,21 @@ async def _in_place(supervisor: Supervisor, mode: str, answers: SwitchAnswers) -
     )
     answer = await _answer(supervisor, trainer, answers.future(serial))
     if answer is None:
-        supervisor.notice(f"mode {mode} active ({trainer} restarted into it)")
+        message = f"mode {mode} active ({trainer} restarted into it)"
+        data = {"mode": mode, "in_place": False}
+        supervisor.publish(Notice(level="info", message=message, code=MODE_ACTIVE, data=data))
         return
     if answer.error is not None:
         raise ProcessFailed(
             f"{trainer} could not switch to {mode} in place ({answer.error}); it restarts "
             "in the new mode from its checkpoint"
         )
-    supervisor.notice(
+    message = (
         f"mode {mode} active: switched in place after step {answer.step} in "
         f"{answer.seconds:.2f} s (inference and {trainer} kept running)"
     )
+    data = {"mode": mode, "in_place": True, "step": answer.step}
+    supervisor.publish(Notice(level="info", message=message, code=MODE_ACTIVE, data=data))
 
 
 async def _answer(

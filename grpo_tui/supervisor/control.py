@@ -76,6 +76,8 @@ class EventIn(_Record):
     t: float | None = None
     level: Literal["info", "warning", "error"] = "info"
     message: str
+    code: str = ""
+    data: dict[str, Any] = Field(default_factory=dict)
 
 
 class Request(_Record):
@@ -234,6 +236,8 @@ class ControlServer:
                         t=record.t or time.time(),
                         level=record.level,
                         message=f"{name}: {record.message}",
+                        code=record.code,
+                        data=record.data,
                     )
                 )
             case Request():

@@ -138,10 +138,17 @@ class GpuSample(Event):
 
 @dataclass(frozen=True, kw_only=True)
 class Notice(Event):
-    """A message from the supervisor itself (mode switch progress, run finished, ...)."""
+    """A message from the supervisor itself (mode switch progress, run finished, ...), or
+    one a process sent it (``"<process>: ..."``).
+
+    ``message`` is for people; what a program reads is ``code``, a stable name for what
+    happened (``standby_adopted``, ``resumed``; empty for prose only), and ``data``, its
+    values: tests and benchmarks read these, never the wording."""
 
     level: str  # "debug" | "info" | "warning" | "error"; debug: recorded, not shown
     message: str
+    code: str = ""
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)

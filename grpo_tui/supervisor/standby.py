@@ -28,6 +28,7 @@ import signal
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from grpo_tui.supervisor.events import Notice
 from grpo_tui.supervisor.logs import OutputSink
@@ -41,6 +42,9 @@ it at its gate (None: the one it was spawned with)."""
 
 STOP_WAIT = 10.0
 """Seconds a standby (at its gate, nothing to save) has to exit on SIGTERM before SIGKILL."""
+STANDBY_ADOPTED = "standby_adopted"
+"""``Notice.code`` of a start that adopted the standby (``data``: its ``pid``, ``waited_s``
+since it was spawned)."""
 
 
 class Standby:
@@ -90,7 +94,11 @@ class Standby:
         waited = time.time() - child.started_at
         child.spec = spec
         child.started_at = time.time()
-        self._note(f"adopting its standby (pid {child.pid}, spawned {waited:.1f} s ago)")
+        self._note(
+            f"adopting its standby (pid {child.pid}, spawned {waited:.1f} s ago)",
+            code=STANDBY_ADOPTED,
+            data={"pid": child.pid, "waited_s": round(waited, 1)},
+        )
         return child, exited, command
 
     async def discard(self, sig: int = signal.SIGTERM) -> None:
@@ -148,8 +156,11 @@ class Standby:
         tail = " | ".join(list(child.sink.ring)[-3:])
         self._note(f"standby (pid {child.pid}) {code} while it waited: {tail}", "warning")
 
-    def _note(self, message: str, level: str = "info") -> None:
-        self._publish(Notice(level=level, message=f"{self.name}: {message}"))
+    def _note(
+        self, message: str, level: str = "info", code: str = "", data: dict[str, Any] | None = None
+    ) -> None:
+        notice = Notice(level=level, message=f"{self.name}: {message}", code=code, data=data or {})
+        self._publish(notice)
 
 
 def _fits(spawned: ProcessSpec, spec: ProcessSpec) -> bool:

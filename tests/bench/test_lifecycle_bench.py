@@ -20,6 +20,7 @@ import tomli_w  # noqa: E402
 from grpo_tui.plan.profile import load_profile  # noqa: E402
 from grpo_tui.plan.roles import build_plan  # noqa: E402
 from grpo_tui.supervisor.spec import Condition  # noqa: E402
+from grpo_tui.supervisor.standby import STANDBY_ADOPTED  # noqa: E402
 
 
 def test_lanes_read_phases_of_cells_and_switch_routes() -> None:
@@ -87,8 +88,9 @@ def test_a_cpu_pass_measures_start_up_restarts_and_a_switch(tmp_path: Path) -> N
     assert switch["switches"][0]["seconds"] > 0 and switch["steps_continuous"] is True
     assert all(not c["leftovers"] for c in cells.values())
     runs = tmp_path.glob("work-lifecycle/*-after-lora_restart/runs/*/events.jsonl")
-    events = "".join(path.read_text() for path in runs)
-    assert "adopting its standby" in events, "the after arm's restart used its standby"
+    events = [json.loads(line) for path in runs for line in path.read_text().splitlines()]
+    adopted = [e for e in events if e.get("code") == STANDBY_ADOPTED]
+    assert adopted, "the after arm's restart used its standby"
     table = (tmp_path / "lifecycle_gpu.md").read_text()
     assert "| lora_restart, one restart (trainer's sync_time, each in order) |" in table
     # asked once HOP_STEPS steps were read (a loaded machine may read one more first)

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from grpo_tui.supervisor.events import Event, Notice, RequestReceived, State, StateChanged
+from grpo_tui.supervisor.standby import STANDBY_ADOPTED
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "restart_phases.py"
@@ -25,12 +26,18 @@ def restart(at: float, stop: float, start: float, age: float) -> list[Event]:
     def change(old: State, new: State, t: float) -> StateChanged:
         return StateChanged(t=t, process="inference", old=old, new=new, pid=7)
 
-    adopted = f"inference: adopting its standby (pid 8, spawned {age} s ago)"
+    adopted = Notice(
+        t=at + stop,
+        level="info",
+        message="inference: the standby, in words that may change",
+        code=STANDBY_ADOPTED,
+        data={"pid": 8, "waited_s": age},
+    )
     return [
         RequestReceived(t=at, process="trainer", action="restart", target="inference", args={}),
         change(State.READY, State.STOPPING, at),
         change(State.STOPPING, State.STOPPED, at + stop),
-        Notice(t=at + stop, level="info", message=adopted),
+        adopted,
         change(State.STARTING, State.READY, at + stop + start),
     ]
 

@@ -22,7 +22,6 @@ import itertools
 import json
 import os
 import random
-import re
 import signal
 import time
 import tomllib
@@ -45,7 +44,7 @@ from e2e_stack import (
     wait_until,
 )
 
-from grpo_trainer.train.resume import resolve_resume
+from grpo_trainer.train.resume import RESUMED, resolve_resume
 
 TARGETS = ("trainer", "inference", "api", "env")
 WEIGHTS = {"api": 1, "env": 1}
@@ -256,9 +255,6 @@ class FaultRun:
         self.start(again)
 
 
-RESUMED = re.compile(r"resuming from \S+ at step (\d+)")
-
-
 @dataclass(frozen=True)
 class TrainerLife:
     """One trainer process of a run: when it was spawned, the step it resumed at (None:
@@ -277,9 +273,9 @@ def trainer_lives(run_dir: Path) -> list[TrainerLife]:
         if e["process"] == "trainer" and e["new"] == "starting"
     ]
     resumed = [
-        (float(e["t"]), int(m.group(1)))
+        (float(e["t"]), int(e["data"]["step"]))
         for e in events(run_dir, "Notice")
-        if (m := RESUMED.search(e["message"]))
+        if e.get("code") == RESUMED
     ]
     records = [
         (float(r["t"]), int(r["step"]))

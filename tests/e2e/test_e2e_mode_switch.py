@@ -26,7 +26,6 @@ In both:
 from __future__ import annotations
 
 import asyncio
-import re
 from pathlib import Path
 
 import pytest
@@ -42,8 +41,11 @@ from e2e_stack import (
 from e2e_stack import quickstart_copy as make_profile
 from grpo_stack_run import Stack
 
+from grpo_trainer.train.resume import RESUMED
+from grpo_trainer.train.switch import SWITCHED_IN_PLACE
 from grpo_tui.plan.profile import load_profile
 from grpo_tui.plan.roles import Plan, build_plan
+from grpo_tui.stack.modes import MODE_ACTIVE
 
 STEPS = 15
 START_MODE = "lora_only"
@@ -121,14 +123,15 @@ async def test_switches_in_place_keep_inference_and_trainer_running(
 
     assert len(spawns(run_dir, "trainer")) == 1, "the trainer kept its pid through every switch"
     assert len(spawns(run_dir, "inference")) == 1, "inference kept its pid through every switch"
-    messages = [e["message"] for e in events(run_dir, "Notice")]
-    switched = [m for m in messages if re.search(r"weight-sync mode \S+ -> \S+ in place", m)]
-    assert [re.search(r"-> (\S+)", m).group(1) for m in switched] == [
-        mode for mode, _ in SWITCH_AT
-    ], switched
-    active = [m for m in messages if m.startswith("mode ") and "switched in place" in m]
-    assert len(active) == len(SWITCH_AT), messages
-    assert not any("resuming from" in m for m in messages), "no trainer resumed: none restarted"
+    notices = events(run_dir, "Notice")
+    switched = [e["data"] for e in notices if e.get("code") == SWITCHED_IN_PLACE]
+    assert [s["new"] for s in switched] == [mode for mode, _ in SWITCH_AT], switched
+    active = [e["data"] for e in notices if e.get("code") == MODE_ACTIVE]
+    assert [(a["mode"], a["in_place"]) for a in active] == [
+        (mode, True) for mode, _ in SWITCH_AT
+    ], active
+    resumed = [e for e in notices if e.get("code") == RESUMED]
+    assert resumed == [], "no trainer resumed: none restarted"
 
 
 @pytest.mark.e2e
@@ -158,9 +161,6 @@ async def test_lora_to_colocate_and_back_by_restarts_keeps_steps_and_rollouts(
     flags = [("--enable-lora" in c, "--enable-sleep-mode" in c) for c in inference]
     assert flags[0] == (True, False)
     assert flags[-2:] == [(False, True), (True, False)], flags
-    resumed = [
-        int(m.group(1))
-        for e in events(run_dir, "Notice")
-        if (m := re.search(r"resuming from \S+ at step (\d+)", e["message"]))
-    ]
+    notices = events(run_dir, "Notice")
+    resumed = [int(e["data"]["step"]) for e in notices if e.get("code") == RESUMED]
     assert resumed == ended_at, (resumed, ended_at)

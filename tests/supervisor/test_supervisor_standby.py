@@ -17,6 +17,7 @@ from conftest import child, spec
 from grpo_trainer.start_gate import GATE_ENV
 from grpo_tui.supervisor.events import Notice, State, StateChanged
 from grpo_tui.supervisor.spec import LogLineProbe, ProcessSpec
+from grpo_tui.supervisor.standby import STANDBY_ADOPTED
 from grpo_tui.supervisor.tree import tagged
 
 READY = LogLineProbe(pattern=r"^started ", period=0.05)
@@ -49,6 +50,11 @@ def notices(h: Any, text: str) -> list[Notice]:
     return [e for e in h.events if isinstance(e, Notice) and text in e.message]
 
 
+def adopted(h: Any) -> list[int]:
+    """The pid of each standby a start adopted, from the structured notice."""
+    return [e.data["pid"] for e in h.events if isinstance(e, Notice) and e.code == STANDBY_ADOPTED]
+
+
 async def standby_pid(h: Any) -> int:
     """The pid of the standby once it is spawned (from the supervisor's notice)."""
     life = h.sup._life("server")
@@ -67,7 +73,7 @@ async def test_restart_adopts_the_standby_with_the_new_command(supervise) -> Non
     assert h.sup.status()["server"].pid == spare  # the standby became the new incarnation
     assert not psutil.pid_exists(first)
     assert started(h.sup.recent_lines("server")) == [(first, ["first"]), (spare, ["second", "x"])]
-    assert notices(h, f"adopting its standby (pid {spare},")
+    assert adopted(h) == [spare]
     nxt = await standby_pid_after(h, spare)  # a new standby for the next restart
     assert nxt not in (first, spare)
     await h.sup.shutdown("test")
@@ -118,7 +124,7 @@ async def test_a_crash_restart_adopts_the_standby(supervise) -> None:
     spare = await standby_pid(h)
     os.kill(first, 9)
     await h.until(lambda e: isinstance(e, StateChanged) and e.new == State.READY and e.pid == spare)
-    assert notices(h, f"adopting its standby (pid {spare},")
+    assert adopted(h) == [spare]
     assert started(h.sup.recent_lines("server"))[-1] == (spare, ["run"])
 
 
