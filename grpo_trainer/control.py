@@ -178,8 +178,14 @@ class SupervisorLink:
             self._connected.set()
             try:
                 self._serve(conn)
-            except OSError:
-                pass
+            except OSError as exc:
+                # the process's log says it (the link itself is what broke); records queued
+                # meanwhile are dropped and counted, requests wait for the next connection
+                print(
+                    f"[warning] supervisor link lost ({exc}); reconnecting",
+                    file=sys.stderr,
+                    flush=True,
+                )
             finally:
                 self._connected.clear()
                 conn.close()

@@ -44,19 +44,24 @@ class ServerProcess:
                 start_new_session=True,
             )
         deadline = begin + timeout
+        last = "no answer yet"
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise ServerStartError(
                     f"server exited with {self.process.returncode}: {self.log_tail()}"
                 )
             try:
-                if httpx.get(f"{self.base_url}/health", timeout=2.0).status_code == 200:
+                status = httpx.get(f"{self.base_url}/health", timeout=2.0).status_code
+                if status == 200:
                     return time.monotonic() - begin
-            except httpx.HTTPError:
-                pass
+                last = f"HTTP {status}"
+            except httpx.HTTPError as error:
+                last = f"{type(error).__name__}: {error}"
             time.sleep(0.1)
         self.stop()
-        raise ServerStartError(f"server not healthy within {timeout:.0f} s: {self.log_tail()}")
+        raise ServerStartError(
+            f"server not healthy within {timeout:.0f} s (last /health: {last}): {self.log_tail()}"
+        )
 
     def stop(self, timeout: float = 15.0) -> int | None:
         """SIGTERM our process group, SIGKILL it after ``timeout``; returns the exit code."""

@@ -101,15 +101,20 @@ class InferenceClient:
         start = time.monotonic()
         deadline = start + timeout
         told = start - every
+        last = "no answer yet"
         while True:
             try:
-                if self.http.get("/health", timeout=2.0).status_code == 200:
+                status = self.http.get("/health", timeout=2.0).status_code
+                if status == 200:
                     return time.monotonic() - start
-            except httpx.HTTPError:
-                pass
+                last = f"HTTP {status}"
+            except httpx.HTTPError as error:
+                last = f"{type(error).__name__}: {error}"
             now = time.monotonic()
             if now > deadline:
-                raise SyncError(f"{self.base_url}/health not 200 within {timeout:.0f} s")
+                raise SyncError(
+                    f"{self.base_url}/health not 200 within {timeout:.0f} s (last: {last})"
+                )
             if say is not None and now - told >= every:
                 told = now
                 say(now - start)

@@ -23,7 +23,6 @@ step ever trains, and no environment ever samples, against a sleeping or stale e
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import torch
@@ -120,11 +119,19 @@ class ColocateSharedSync(SharedFileSync):
         )
 
     def close(self) -> None:
-        """Never leave the server asleep (best effort: it may be gone already)."""
-        if self.control.asleep:
-            with contextlib.suppress(SyncError):
-                self.control.wake()
-        super().close()
+        """Never leave the server asleep: wake it. A wake that fails (the server is gone or
+        refuses) raises ``SyncError`` once the rest is released, so that the caller says so:
+        a mode switch then fails (the trainer restarts in the new mode), a trainer that ends
+        reports it."""
+        try:
+            if self.control.asleep:
+                try:
+                    self.control.wake()
+                except SyncError as exc:
+                    url = self.client.base_url
+                    raise SyncError(f"inference at {url} is left asleep: {exc}") from exc
+        finally:
+            super().close()
 
 
 class VllmColocateSync(ColocateSharedSync):

@@ -25,7 +25,6 @@ samples, against a sleeping or stale engine.
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -170,13 +169,19 @@ class ColocateRanksSync(WeightSync):
         return {"wake": control.take_wake_time(), "push": push_time}
 
     def close(self) -> None:
-        """Never leave the replicas asleep (best effort: inference may be gone already)."""
+        """Never leave the replicas asleep: a wake that fails raises ``SyncError`` once the
+        client is closed, so that the caller says so (as ``ColocateSharedSync.close``)."""
         if self.client is None or self.control is None:
             return
-        if self.control.asleep:
-            with contextlib.suppress(SyncError):
-                self.control.wake()
-        self.client.close()
+        try:
+            if self.control.asleep:
+                try:
+                    self.control.wake()
+                except SyncError as exc:
+                    url = self.client.base_url
+                    raise SyncError(f"inference at {url} is left asleep: {exc}") from exc
+        finally:
+            self.client.close()
 
 
 def _values(flat: torch.Tensor, payload: BucketPayload, name: str) -> list[float]:

@@ -44,6 +44,7 @@ from grpo_trainer.ranks.mirror import Consolidator
 from grpo_trainer.records.timeline import sync_split
 from grpo_trainer.run_notices import ModeSwitch
 from grpo_trainer.sync.base import WeightSync
+from grpo_trainer.sync.client import SyncError
 from grpo_trainer.train.api_client import LeasedBatch
 from grpo_trainer.train.checkpoint import (
     load_trainer_state,
@@ -216,7 +217,10 @@ class Trainer:
             if self.source is not None:
                 self.source.close()
             if self.strategy is not None:
-                self.strategy.close()
+                try:
+                    self.strategy.close()
+                except SyncError as exc:
+                    self.reporter.event("error", f"weight sync did not close cleanly: {exc}")
             if self.recorder is not None:
                 self.recorder.close()
         return self.step
