@@ -4,9 +4,18 @@ Textual's input thread waits on stdin with a fixed 0.1 s ``select`` timeout and 
 the escape-sequence parser's timeout only when a wait ends, so a lone Esc (which could be
 the start of a sequence) reaches the app about 100 ms after the key press whatever
 ``ESCDELAY`` says: on its own, slower than the dashboard's 100 ms key target. This is the
-input loop of Textual 8.2.8 (pinned) with that wait shortened to ``ESCDELAY`` (see
+input loop of Textual 8.2.8 with that wait shortened to ``ESCDELAY`` (see
 :mod:`grpo_tui.terminal`). Terminals that speak the kitty keyboard protocol, which
 Textual turns on, send Esc unambiguously and never waited.
+
+Why private modules (``textual._parser``, ``textual._xterm_parser``): Textual offers no
+public way. The wait is a literal in ``LinuxDriver.run_input_thread``
+(``selector.select(0.1)``), with no attribute, option or hook to change it, and the loop
+builds its own ``XTermParser``; a subclass can only replace the whole loop, which needs the
+parser. Upstream made the Esc delay configurable (``ESCDELAY``, Textualize/textual PR #4848,
+Textual 0.76) but left that wait fixed, and no issue or PR asks for it as of 8.2.8 (searched
+2026-11-29). So pyproject.toml pins Textual to 8.2.x (``>=8.2.8,<8.3``), and
+``tests/tui/test_tui_driver.py`` checks that Textual's loop is still the one copied here.
 """
 
 from __future__ import annotations

@@ -7,6 +7,7 @@ terminal would, and checks every kind of input arrives as the right key.
 
 from __future__ import annotations
 
+import inspect
 import os
 import pty
 import select
@@ -92,3 +93,23 @@ def test_keys_escape_and_sequences_arrive_through_a_pty(tmp_path: Path) -> None:
         except (ProcessLookupError, ChildProcessError):
             pass
         os.close(fd)
+
+
+def test_textuals_input_loop_is_still_the_one_the_driver_copies() -> None:
+    """``QuickEscapeDriver.run_input_thread`` is Textual 8.2.8's loop with one wait changed
+    (``grpo_tui/driver.py`` says why no public way exists). A Textual whose loop differs
+    fails here: copy its new loop (and its parser's use) before widening the pin."""
+    from textual.drivers.linux_driver import LinuxDriver
+
+    upstream = inspect.getsource(LinuxDriver.run_input_thread)
+    for part in (
+        "selectors.SelectSelector()",
+        "XTermParser(self._debug)",
+        "getincrementaldecoder(\"utf-8\")().decode",
+        "read(fileno, 1024 * 4)",
+        "process_selector_events(selector.select(0.1))",
+        "process_selector_events(selector.select(0.1), final=True)",
+        "except (EOFError, ParseError):",
+    ):
+        assert part in upstream, f"Textual's input loop changed: no {part!r}"
+    assert upstream.count("self.process_message(event)") == 2
