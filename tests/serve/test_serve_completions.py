@@ -44,7 +44,9 @@ def test_answer_has_vllm_shape(complete, tiny_model_dir: Path) -> None:
     assert [c["index"] for c in body["choices"]] == [0, 1, 2]
     completion_tokens = 0
     for choice in body["choices"]:
-        assert choice["finish_reason"] in ("stop", "length")
+        ended = choice["token_ids"][-1] == tokenizer.eos_token_id
+        assert choice["finish_reason"] == ("stop" if ended else "length"), choice
+        assert ended or len(choice["token_ids"]) == 5  # max_tokens
         assert len(choice["logprobs"]["token_logprobs"]) == len(choice["token_ids"])
         assert len(choice["logprobs"]["tokens"]) == len(choice["token_ids"])
         assert all(lp <= 0 for lp in choice["logprobs"]["token_logprobs"])
