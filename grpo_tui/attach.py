@@ -25,6 +25,7 @@ from typing import Any
 
 from grpo_trainer.control import ControlError, SupervisorLink
 from grpo_tui.headless import ALLOCATION_FILE
+from grpo_tui.supervisor.control import CONTROL_SOCKET
 
 HOPPED_ENV = "GRPO_TUI_ATTACHED"
 """Set on the ``srun`` hop, so that the second ``attach`` never hops again."""
@@ -67,7 +68,10 @@ EDIT_TIMEOUT = 10.0
 
 
 def control_socket(run_dir: Path) -> Path:
-    return run_dir / "control.sock"
+    """The supervisor's socket: ``run_dir/control.sock``, or where that links (a socket in
+    the temp dir, the run directory's path being too long for one)."""
+    path = run_dir / CONTROL_SOCKET
+    return path.resolve() if path.is_symlink() else path
 
 
 def supervisor_status(run_dir: Path) -> dict[str, str]:

@@ -153,6 +153,7 @@ def edit(
     """
     from grpo_trainer.control import ControlError, SupervisorLink
     from grpo_trainer.live_edits import parse_assignments
+    from grpo_tui.attach import control_socket
 
     console = err_console()
     try:
@@ -160,7 +161,7 @@ def edit(
     except ValueError as error:
         console.print(f"[bold red]error[/] {escape(str(error))}")
         raise typer.Exit(EXIT_BAD_INPUT) from None
-    socket = run_dir / "control.sock"
+    socket = control_socket(run_dir)
     if not socket.exists():
         console.print(
             f"[bold red]error[/] {escape(str(run_dir))}: no control socket (not running?)"

@@ -94,9 +94,13 @@ Incoming = TypeAdapter(Annotated[Hello | Metrics | EventIn | Request, Field(disc
 OnRequest = Callable[[str, str, str | None, dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
+CONTROL_SOCKET = "control.sock"
+
+
 def socket_path(run_dir: Path, run_id: str) -> Path:
-    """``run_dir/control.sock``, or a short path under the temp dir when that is too long."""
-    path = run_dir.resolve() / "control.sock"
+    """``run_dir/control.sock``, or a short path under the temp dir when that is too long
+    (then linked from ``run_dir/control.sock``: ``RunResources``)."""
+    path = run_dir.resolve() / CONTROL_SOCKET
     if len(str(path).encode()) <= SUN_PATH_MAX:
         return path
     return Path(tempfile.gettempdir()) / f"grpo-tui-{run_id[:12]}.sock"

@@ -14,7 +14,13 @@ from pathlib import Path
 
 import httpx
 
-from grpo_tui.supervisor.control import ControlEndpoint, ControlServer, OnRequest, socket_path
+from grpo_tui.supervisor.control import (
+    CONTROL_SOCKET,
+    ControlEndpoint,
+    ControlServer,
+    OnRequest,
+    socket_path,
+)
 from grpo_tui.supervisor.journal import Journal
 from grpo_tui.supervisor.lifeline import Lifeline
 from grpo_tui.supervisor.logs import OutputSink
@@ -57,8 +63,20 @@ class RunResources:
             tcp=self.tcp,
         )
         await self._control.start()
+        self._announce(self._control.path)
+
+    def _announce(self, path: Path) -> None:
+        """``run_dir/control.sock`` is where ``grpo-tui attach`` and ``edit`` look: a socket
+        moved to the temp dir (the run directory's path too long for one) is linked there."""
+        named = self.run_dir / CONTROL_SOCKET
+        if path != named.resolve():
+            named.unlink(missing_ok=True)
+            named.symlink_to(path)
 
     async def close(self) -> None:
+        named = self.run_dir / CONTROL_SOCKET
+        if named.is_symlink():
+            named.unlink()
         if self._control is not None:
             await self._control.close()
         if self._client is not None:

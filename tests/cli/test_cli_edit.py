@@ -86,3 +86,32 @@ async def test_edit_over_the_control_socket(tmp_path: Path) -> None:
     state, _ = load_run(run_dir)  # what grpo-tui view shows
     lines = list(state.logs[SUPERVISOR_LOG].lines)
     assert any("live edit: lr=2e-05, clip_eps_high=0.28 -> trainer" in line for line in lines)
+
+
+async def test_edit_reaches_a_run_whose_directory_is_too_long_for_a_socket(
+    tmp_path: Path,
+) -> None:
+    """A Unix socket path holds ~100 bytes: the supervisor of a run in a longer directory
+    serves its socket from the temp dir, and ``grpo-tui edit`` (and ``attach``) found no
+    socket in the run directory ("not running?") until it was linked there."""
+    run_dir = tmp_path / ("a-long-folder-name-" * 6) / "run"
+    plan = build_plan(load_profile(REPO / "profiles" / "quickstart.toml"), run_dir)
+    trainer = ProcessSpec(
+        name="trainer",
+        role="trainer",
+        command=[sys.executable, str(CHILD)],
+        readiness=LogLineProbe(pattern="grpo-trainer ready", period=0.05),
+    )
+    supervisor = GrpoStack(Supervisor([trainer], run_dir), editor=plan.edit).supervisor
+    run = asyncio.create_task(supervisor.run())
+    try:
+        await until("trainer ready", lambda: supervisor.status()["trainer"].state == "ready")
+        assert len(str(run_dir / "control.sock")) > 100
+        code, out, err = await grpo_tui_edit(run_dir, "lr=2e-5")
+        assert code == 0, err
+        assert out.strip() == "edited lr=2e-05 -> trainer (from their next step)"
+    finally:
+        await supervisor.shutdown("test finished")
+        async with asyncio.timeout(60):
+            await run
+    assert not (run_dir / "control.sock").is_symlink(), "the link outlived the run"
