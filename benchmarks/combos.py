@@ -127,8 +127,11 @@ def table(done: list[Done], *, length: int, wall: float | None) -> str:
         "|---|---|",
         *(f"| {name} | {by_invariant.get(name, 0)} |" for name in INVARIANTS),
         "",
-        "Actions drawn: " + ", ".join(f"{k} {v}" for k, v in sorted(rules.items())),
-        "; start modes: " + ", ".join(f"{k} {v}" for k, v in sorted(modes.items())) + ".",
+        "Actions drawn: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(rules.items()))
+        + "; start modes: "
+        + ", ".join(f"{k} {v}" for k, v in sorted(modes.items()))
+        + ".",
     ]
     if wall is not None:
         rows.append(f"Wall time of this invocation: {wall / 60:.0f} min.")

@@ -1,12 +1,13 @@
 """One walk on one stack: ``grpo-tui run`` on a quickstart copy, driven as a person does.
 
-The controls go through the supervisor's control socket (``docs/control-socket.md``), the
-requests the dashboard's keys send from ``grpo-tui attach``: ``switch_mode``, ``restart``,
-``stop``, ``start``, ``edit``. The faults come from outside, as from a shell: SIGKILL of a
-process's leader, SIGSTOP and SIGCONT of an environment. After each action the run is given
-a few steps (waited for on the trainer's step records, bounded, never slept for), and
-``combo_checks`` reads the run directory for what must hold after any action. The walk
-ends with an ordered shutdown (SIGTERM to ``grpo-tui run``, as Ctrl-C would).
+The controls go through the supervisor's control socket (``docs/control-socket.md``,
+found as ``grpo-tui attach`` finds it), the requests the dashboard's keys send from there:
+``switch_mode``, ``restart``, ``stop``, ``start``, ``edit``. The faults come from outside,
+as from a shell: SIGKILL of a process's leader, SIGSTOP and SIGCONT of an environment.
+After each action the run is given a few steps (waited for on the trainer's step records,
+bounded, never slept for), and ``combo_checks`` reads the run directory for what must hold
+after any action. The walk ends with an ordered shutdown (SIGTERM to ``grpo-tui run``, as
+Ctrl-C would).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from e2e_stack import QUICKSTART, HeadlessCli, free_port, run_id_of
 
 from grpo_trainer.control import ControlError, SupervisorLink
 from grpo_trainer.train.resume import resolve_resume
+from grpo_tui.attach import control_socket
 
 STALL_AFTER = 5.0
 """The stall watchdog's threshold in a walk (30 s by default): an environment stopped for
@@ -233,9 +235,8 @@ class ComboRun:
         self.files = RunFiles(run_dir)
         trainer = self._until(lambda: self.files_().up("trainer"), SETTLE_S, "the trainer")
         self.run_id = run_id_of(trainer)
-        socket_path = run_dir / "control.sock"
-        self._until(socket_path.exists, 30, "the control socket")
-        self.link = SupervisorLink(str(socket_path), process="combos")
+        self._until(lambda: control_socket(run_dir).exists(), 30, "the control socket")
+        self.link = SupervisorLink(str(control_socket(run_dir)), process="combos")
         start = Done(Action("start", self.setup.mode), self.mode, time.time())
         self.done.append(start)
         self._until(lambda: self.files_().steps, SETTLE_S, "the first step")
