@@ -35,10 +35,11 @@ from combo_run import (
 )
 from e2e_stack import quickstart_value
 
+from grpo_trainer.train.resume import RESUMED
+
 LAG0 = "alignment/diff_abs_mean_lag0"
 STALL_SLACK = 2.5
 """The watchdog checks every second; a report may come that much after the threshold."""
-RESUMED = re.compile(r"resuming from \S+ at step (\d+)")
 GROUPS_PER_STEP = quickstart_value("trainer", "batch_size") // quickstart_value("env", "group_size")
 NAMES_ENV = re.compile(r"\benv\b")
 """A cause that names the environment process (``env``), not "the environments"."""
@@ -113,9 +114,9 @@ def trainer_lives(files: RunFiles) -> list[TrainerLife]:
         if e["process"] == "trainer" and e["new"] == "starting"
     ]
     resumed = [
-        (float(e["t"]), int(m.group(1)))
+        (float(e["t"]), int(e["data"]["step"]))
         for e in files.of("Notice")
-        if (m := RESUMED.search(e["message"]))
+        if e.get("code") == RESUMED
     ]
     lives = []
     for start, end in itertools.pairwise([*spawned, float("inf")]):

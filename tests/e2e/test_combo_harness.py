@@ -101,7 +101,8 @@ def test_a_trainer_that_goes_back_without_a_kill_trained_steps_twice(tmp_path: P
     for step in (1, 2, 3, 4):
         files.step(step, step)
     files.state(10, "trainer", "starting", pid=2)
-    files.event("Notice", 11, level="info", message="trainer: resuming from c/step_2 at step 2")
+    files.event("Notice", 11, level="info", message="trainer: resuming", code="resumed",
+                data={"step": 2, "checkpoint": "c/step_2"})  # fmt: skip
     files.step(12, 3)
     graceful = [done("restart", "trainer", 9, 4, 4)]
     found = steps_twice_or_skipped(files.read(), graceful)
