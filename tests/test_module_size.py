@@ -13,7 +13,6 @@ REPO = Path(__file__).resolve().parents[1]
 LIMIT = 450
 WAITING = {
     "grpo_tui/app.py": "issue 38: the dashboard app's split",
-    "grpo_tui/supervisor/lifecycle.py": "the process life's state machine (issue 35 item 3)",
 }
 
 

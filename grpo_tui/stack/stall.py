@@ -60,7 +60,7 @@ from grpo_tui.supervisor.events import (
     State,
     StateChanged,
 )
-from grpo_tui.supervisor.lifecycle import ProcessStatus
+from grpo_tui.supervisor.record import ProcessStatus
 from grpo_tui.supervisor.supervisor import Supervisor
 
 TICK = 1.0

@@ -18,7 +18,7 @@ import psutil
 
 from grpo_tui.stack.progress import COUNTED, Progress
 from grpo_tui.supervisor.events import LogBatch, ResourceSample, State
-from grpo_tui.supervisor.lifecycle import ProcessStatus
+from grpo_tui.supervisor.record import ProcessStatus
 
 LINE_CHARS = 240
 """The most of a process's last line a cause quotes."""

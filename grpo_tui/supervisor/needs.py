@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from typing import Literal
 
 from grpo_tui.supervisor.events import Event, NeedLost, NeedRegained, State
-from grpo_tui.supervisor.lifecycle import ProcessLife
+from grpo_tui.supervisor.record import ProcessRecord
 from grpo_tui.supervisor.spec import Need
 from grpo_tui.supervisor.transitions import ENDED
 
@@ -31,7 +31,7 @@ class NeedWatch:
 
     def __init__(
         self,
-        lives: Mapping[str, ProcessLife],
+        lives: Mapping[str, ProcessRecord],
         policy: OnNeededFailure,
         publish: Callable[[Event], None],
         end: Callable[[str], None],
@@ -66,7 +66,7 @@ class NeedWatch:
         able = [life for life in known if life.state is not State.FAILED]
         return len(able) < min(need.at_least, len(known))
 
-    def _lose(self, life: ProcessLife, need: Need) -> None:
+    def _lose(self, life: ProcessRecord, need: Need) -> None:
         named = [self._lives[n] for n in need.any_of if n in self._lives]
         failed = {f.name: f for f in named if f.state is State.FAILED}
         event = NeedLost(
@@ -81,7 +81,7 @@ class NeedWatch:
             self._end(describe_loss(event))
 
 
-def last_lines(life: ProcessLife, count: int = LAST_LINES) -> list[str]:
+def last_lines(life: ProcessRecord, count: int = LAST_LINES) -> list[str]:
     """The last non-blank lines ``life`` printed."""
     lines = [line for line in life.sink.ring if line.strip()]
     return lines[-count:]

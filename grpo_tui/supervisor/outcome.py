@@ -15,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from grpo_tui.supervisor.events import State
-from grpo_tui.supervisor.lifecycle import ProcessLife
+from grpo_tui.supervisor.record import ProcessRecord
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class RunEnd:
         self.closing = False
         self.done = asyncio.Event()
 
-    def changed(self, life: ProcessLife, lives: Iterable[ProcessLife]) -> None:
+    def changed(self, life: ProcessRecord, lives: Iterable[ProcessRecord]) -> None:
         """After a state change of ``life``: does the run end now?"""
         if self.outcome is not None:
             return
@@ -45,7 +45,7 @@ class RunEnd:
         elif self.exit_with is None:
             self.all_done(lives)
 
-    def all_done(self, lives: Iterable[ProcessLife]) -> None:
+    def all_done(self, lives: Iterable[ProcessRecord]) -> None:
         """Without ``exit_with``: end the run once every process completed or gave up."""
         lives = list(lives)
         if self.exit_with is not None or self.outcome is not None or not lives:

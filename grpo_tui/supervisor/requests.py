@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from grpo_tui.supervisor.lifecycle import ProcessStatus
+from grpo_tui.supervisor.record import ProcessStatus
 
 
 @dataclass(frozen=True)

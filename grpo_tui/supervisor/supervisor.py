@@ -23,11 +23,12 @@ from grpo_tui.supervisor.bus import Subscription
 from grpo_tui.supervisor.control import ControlEndpoint
 from grpo_tui.supervisor.events import Event, State
 from grpo_tui.supervisor.journal import Journal
-from grpo_tui.supervisor.lifecycle import Hooks, ProcessLife, ProcessStatus, planned
+from grpo_tui.supervisor.lifecycle import ProcessLife, planned
 from grpo_tui.supervisor.logs import OutputSink
 from grpo_tui.supervisor.needs import NeedWatch, OnNeededFailure
 from grpo_tui.supervisor.outcome import RunEnd, RunOutcome
 from grpo_tui.supervisor.probes import HttpProber
+from grpo_tui.supervisor.record import Hooks, ProcessRecord, ProcessStatus
 from grpo_tui.supervisor.requests import RequestHandler, RequestHandlers, process_operations
 from grpo_tui.supervisor.resources import RunResources
 from grpo_tui.supervisor.spec import ProcessSpec
@@ -364,7 +365,7 @@ class Supervisor:
             raise KeyError(f"no process named {name!r}")
         return self._lives[name]
 
-    def _changed(self, life: ProcessLife) -> None:
+    def _changed(self, life: ProcessRecord) -> None:
         """After every state change: run-end accounting, then what the others need."""
         self._end.changed(life, self._lives.values())
         if not self._end.closing:

@@ -16,14 +16,14 @@ import httpx
 
 from grpo_tui.supervisor.events import MetricsRecord
 from grpo_tui.supervisor.journal import Journal
-from grpo_tui.supervisor.lifecycle import ProcessLife
+from grpo_tui.supervisor.record import ProcessRecord
 from grpo_tui.supervisor.samplers import Samplers, Scrape
 
 SAMPLE_INTERVAL = 2.0
 
 
 async def sample_forever(
-    lives: Mapping[str, ProcessLife],
+    lives: Mapping[str, ProcessRecord],
     client: asyncio.Future[httpx.AsyncClient],
     journal: Journal,
 ) -> None:

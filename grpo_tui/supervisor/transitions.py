@@ -1,7 +1,7 @@
 """The table of a process life's state changes: every change is checked against it.
 
 A process life (``lifecycle.ProcessLife``) has one state value (``events.State``) and
-changes it only through ``ProcessLife.transition``, which looks the pair up in ``EDGES``
+changes it only through ``ProcessRecord.transition``, which looks the pair up in ``EDGES``
 and raises ``TransitionError`` naming the pair for one that is not there. Each edge says
 what it is, in the words of ``docs/supervisor.md``, whose table is this one
 (``markdown_table``; a test compares the two).

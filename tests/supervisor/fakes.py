@@ -17,8 +17,9 @@ from typing import Any
 import psutil
 
 from grpo_tui.supervisor.events import Event, Notice, ProbeResult, Restarting, State, StateChanged
-from grpo_tui.supervisor.lifecycle import Hooks, ProcessLife, until
+from grpo_tui.supervisor.lifecycle import ProcessLife
 from grpo_tui.supervisor.logs import OutputSink
+from grpo_tui.supervisor.record import Hooks, until
 from grpo_tui.supervisor.spec import Probe, ProcessSpec, ProgressProbe
 
 HANG = 10.0

@@ -24,7 +24,7 @@ from grpo_tui.stack.stall import (
 )
 from grpo_tui.stack.stuck import Look, Quiet, quiet_env_causes, stopped_causes
 from grpo_tui.supervisor.events import MetricsRecord, Stalled, State
-from grpo_tui.supervisor.lifecycle import ProcessStatus
+from grpo_tui.supervisor.record import ProcessStatus
 
 SLEEPER = [sys.executable, "-c", "import time\nprint('up', flush=True)\ntime.sleep(600)"]
 
