@@ -67,6 +67,7 @@ STATE_STYLES = {
     State.STARTING: "cyan",
     State.PENDING: "dim",
     State.STOPPING: "yellow",
+    State.KILLING: "red",
     State.STOPPED: "yellow",
     State.BACKOFF: "magenta",
     State.UNHEALTHY: "bold red",

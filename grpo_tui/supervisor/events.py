@@ -22,6 +22,7 @@ class State(StrEnum):
     READY = "ready"  # readiness probe passed (the dependency condition process_healthy)
     UNHEALTHY = "unhealthy"  # a liveness or progress probe failed; being stopped to restart
     STOPPING = "stopping"  # a stop was asked; its process is being stopped
+    KILLING = "killing"  # a kill was asked; its process is being SIGKILLed
     BACKOFF = "backoff"  # ended or could not spawn; waiting to restart
     COMPLETED = "completed"  # exited 0 and will not restart
     STOPPED = "stopped"  # stopped on request

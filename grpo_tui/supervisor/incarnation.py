@@ -2,7 +2,7 @@
 
 :func:`run` runs one, from the preflight to the end of its child, and says how it ended
 for the restart policy (``restart.py``), or None where the life ends here (a stop asked:
-STOPPING; failed for good: FAILED). Its state changes go through the record's checked
+STOPPING or KILLING; failed for good: FAILED). Its state changes go through the record's checked
 ``transition``, and after each of its waits it looks at the state: a stop asked meanwhile
 is what it acts on next (it stops the probes, then the child).
 
@@ -79,7 +79,7 @@ class Incarnation:
         self, child: Child, exited: asyncio.Future[int], command: list[str] | None
     ) -> bool:
         """Open the start gate once the dependencies are met; False where it must not open:
-        it exited (still STARTING), a stop was asked (STOPPING: stopped here) or a
+        it exited (still STARTING), a stop or kill was asked (stopped here) or a
         dependency failed for good (FAILED: stopped here)."""
         life = self.life
         deps = asyncio.ensure_future(life.failed_dependency())
@@ -161,9 +161,12 @@ class Incarnation:
 
     async def _end(self, child: Child, exited: asyncio.Future[int]) -> int:
         """Stop the child unless it has exited (shutdown signal, timeout, SIGKILL,
-        confirm); its exit code, recorded, and its output flushed."""
+        confirm; SIGKILL at once where a kill was asked); its exit code, recorded, and its
+        output flushed."""
         life = self.life
-        if child.returncode is None:
+        if child.returncode is None and life.state is State.KILLING:
+            life.report_survivors(await child.kill())
+        elif child.returncode is None:
             shutdown = life.spec.shutdown
             life.report_survivors(await child.stop(shutdown.signum, shutdown.timeout))
         code = await exited

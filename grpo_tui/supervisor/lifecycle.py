@@ -6,10 +6,11 @@ it to start or stop. The task waits for the dependencies (event-driven: every st
 wakes the waiters, no polling), runs incarnations (``incarnation.py``: spawn or adopt the
 standby, start gate, probes, wait), and applies the restart policy to each end
 (``restart.py``), backing off before the next. An operation changes the state only to ask:
-a start (an ended state -> PENDING, a new task) or a stop (-> STOPPING); the task acts on a
-stop at its next step (it looks at the state after each of its waits), stops the probes,
-then the child, and ends in STOPPED. So one place decides what a process does, and nothing
-else is state: the restart counters are counters, kept here.
+a start (an ended state -> PENDING, a new task), a stop (-> STOPPING) or a kill (->
+KILLING: SIGKILL, no grace period); the task acts on a stop at its next step (it looks at
+the state after each of its waits), stops the probes, then the child, and ends in
+STOPPED. So one place decides what a process does, and nothing else is state: the restart
+counters are counters, kept here.
 """
 
 from __future__ import annotations
@@ -56,8 +57,8 @@ class ProcessLife(ProcessRecord):
     async def stop(self, *, keep_standby: bool = False) -> None:
         """Ask for a stop (STOPPING) and return once the life is STOPPED: its task stops
         the probes, then the process (shutdown signal, timeout, SIGKILL, confirm). A life
-        that has ended stays as it is. Its standby is stopped too unless ``keep_standby``
-        (a restart, which adopts it)."""
+        that has ended stays as it is, one stopping or killing goes on as it does. Its
+        standby is stopped too unless ``keep_standby`` (a restart, which adopts it)."""
         if self.state not in ENDED and not self.stopping:
             self.transition(State.STOPPING, reason="stop requested")
         if self.task is not None and self.active:
@@ -69,9 +70,11 @@ class ProcessLife(ProcessRecord):
 
     async def kill_now(self) -> None:
         """SIGKILL the process and its descendants without waiting for the lock; the life
-        ends in STOPPED (``Supervisor.kill`` waits for that with a stop)."""
-        if self.state not in ENDED and not self.stopping:
-            self.transition(State.STOPPING, reason="kill requested")
+        ends in STOPPED (``Supervisor.kill`` waits for that with a stop). KILLING, also
+        during a stop: what its task stops from now on (a child a spawn in flight brings)
+        it SIGKILLs, with no grace period."""
+        if self.state not in ENDED and self.state is not State.KILLING:
+            self.transition(State.KILLING, reason="kill requested")
         child = self.child
         if child is not None and child.returncode is None:
             self.report_survivors(await child.kill())

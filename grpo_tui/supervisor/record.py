@@ -26,7 +26,7 @@ from grpo_tui.supervisor.ports import find_port_holder
 from grpo_tui.supervisor.process import Child
 from grpo_tui.supervisor.spec import Condition, ProcessSpec
 from grpo_tui.supervisor.standby import Spawn, Standby
-from grpo_tui.supervisor.transitions import ALIVE, check
+from grpo_tui.supervisor.transitions import ALIVE, STOPPING, check
 
 PROBED = frozenset({State.RUNNING, State.READY})
 """States whose probe results tell the process's health (not one being stopped)."""
@@ -133,8 +133,8 @@ class ProcessRecord:
 
     @property
     def stopping(self) -> bool:
-        """A stop was asked and the life has not ended yet."""
-        return self.state is State.STOPPING
+        """A stop or a kill was asked and the life has not ended yet."""
+        return self.state in STOPPING
 
     def status(self) -> ProcessStatus:
         child = self.child

@@ -6,10 +6,11 @@ and raises ``TransitionError`` naming the pair for one that is not there. Each e
 what it is, in the words of ``docs/supervisor.md``, whose table is this one
 (``markdown_table``; a test compares the two).
 
-Three edges come from an operation: a start asked for (an ended state -> PENDING), a stop
-asked for (a live or waiting state -> STOPPING) and, when no life task runs, its end
-(STOPPING -> STOPPED). Every other edge is the life task's own, which looks at the state
-after each of its waits: a stop asked while it waited is what it acts on first.
+Four edges come from an operation: a start asked for (an ended state -> PENDING), a stop
+asked for (a live or waiting state -> STOPPING), a kill asked for (the same, or a stop
+under way, -> KILLING) and, when no life task runs, its end (STOPPING or KILLING ->
+STOPPED). Every other edge is the life task's own, which looks at the state after each of
+its waits: a stop or kill asked while it waited is what it acts on first.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ EDGES: dict[State, dict[State, str]] = {
         State.BACKOFF: "could not spawn, an error that may pass (out of memory or processes)",
         State.FAILED: "a dependency failed for good, its port is held, it cannot spawn",
         State.STOPPING: "stop asked before it was spawned",
+        State.KILLING: "kill asked before it was spawned (one in flight: SIGKILLed as it comes)",
     },
     State.STARTING: {
         State.RUNNING: "start gate opened; no readiness probe",
@@ -31,6 +33,7 @@ EDGES: dict[State, dict[State, str]] = {
         State.COMPLETED: "exited 0 before it was ready; not restarted (policy)",
         State.FAILED: "exited before it was ready, no restart left; a dependency failed",
         State.STOPPING: "stop asked",
+        State.KILLING: "kill asked",
     },
     State.RUNNING: {
         State.UNHEALTHY: "a liveness or progress probe failed: stopped to restart",
@@ -38,6 +41,7 @@ EDGES: dict[State, dict[State, str]] = {
         State.COMPLETED: "exited 0; not restarted (policy)",
         State.FAILED: "exited, no restart left",
         State.STOPPING: "stop asked",
+        State.KILLING: "kill asked",
     },
     State.READY: {
         State.UNHEALTHY: "a liveness or progress probe failed: stopped to restart",
@@ -45,11 +49,13 @@ EDGES: dict[State, dict[State, str]] = {
         State.COMPLETED: "exited 0; not restarted (policy)",
         State.FAILED: "exited, no restart left",
         State.STOPPING: "stop asked",
+        State.KILLING: "kill asked",
     },
     State.UNHEALTHY: {
         State.BACKOFF: "stopped after its probe failed: restart",
         State.FAILED: "stopped after its probe failed, no restart left",
         State.STOPPING: "stop asked while it is stopped to restart",
+        State.KILLING: "kill asked while it is stopped to restart",
     },
     State.BACKOFF: {
         State.STARTING: "respawned (or its standby adopted); a start gate or readiness probe ahead",
@@ -57,8 +63,13 @@ EDGES: dict[State, dict[State, str]] = {
         State.BACKOFF: "could not spawn again, an error that may pass: restart later",
         State.FAILED: "no restart left, its port is held, or it cannot spawn",
         State.STOPPING: "stop asked during the backoff",
+        State.KILLING: "kill asked during the backoff",
     },
     State.STOPPING: {
+        State.STOPPED: "its process (if one ran) is gone",
+        State.KILLING: "kill asked while it stops: the stop cut short",
+    },
+    State.KILLING: {
         State.STOPPED: "its process (if one ran) is gone",
     },
     State.STOPPED: {State.PENDING: "start asked"},
@@ -71,6 +82,8 @@ ENDED = frozenset({State.COMPLETED, State.STOPPED, State.FAILED})
 """States a life ends in: only a start asked for leaves them."""
 ALIVE = frozenset({State.STARTING, State.RUNNING, State.READY, State.UNHEALTHY})
 """States in which its process runs."""
+STOPPING = frozenset({State.STOPPING, State.KILLING})
+"""A stop (KILLING: a kill) was asked and the life has not ended yet."""
 
 
 class TransitionError(RuntimeError):

@@ -29,6 +29,7 @@ STATE_STYLES: dict[State, str] = {
     State.READY: "bold green",
     State.UNHEALTHY: "bold red",
     State.STOPPING: "yellow",
+    State.KILLING: "red",
     State.BACKOFF: "bold magenta",
     State.COMPLETED: "blue",
     State.STOPPED: "dim",

@@ -63,6 +63,14 @@ async def stopped(m: Machine) -> Machine:
     return m
 
 
+async def killed(m: Machine) -> Machine:
+    """``Supervisor.kill``: the SIGKILL at once, then a stop that waits for the end."""
+    await m.life().kill_now()
+    await m.life().stop()
+    assert m.life().state is State.STOPPED
+    return m
+
+
 async def exits(m: Machine, code: int, then: State) -> Machine:
     m.child().exit(code)
     await m.state(then)
@@ -136,6 +144,10 @@ async def edge_pending_stopping(make: Make) -> Machine:
     return await stopped(await pending_forever(make))
 
 
+async def edge_pending_killing(make: Make) -> Machine:
+    return await killed(await pending_forever(make))
+
+
 async def edge_starting_running(make: Make) -> Machine:
     m = await gated(make)
     m.prober.failing.clear()
@@ -171,6 +183,12 @@ async def edge_starting_stopping(make: Make) -> Machine:
     return await stopped(await not_ready(make, ALWAYS))
 
 
+async def edge_starting_killing(make: Make) -> Machine:
+    m = await killed(await not_ready(make, ALWAYS))
+    assert m.child().signals == [signal.SIGKILL]
+    return m
+
+
 async def edge_running_unhealthy(make: Make) -> Machine:
     m = await started(make(spec(liveness=LIVENESS, restart=ALWAYS)))
     await m.clock.asleep(LIVENESS.period)
@@ -196,6 +214,10 @@ async def edge_running_stopping(make: Make) -> Machine:
     return await stopped(await started(make()))
 
 
+async def edge_running_killing(make: Make) -> Machine:
+    return await killed(await started(make()))
+
+
 async def edge_ready_unhealthy(make: Make) -> Machine:
     return await unhealthy(make, ALWAYS, State.BACKOFF)
 
@@ -215,6 +237,10 @@ async def edge_ready_failed(make: Make) -> Machine:
 
 async def edge_ready_stopping(make: Make) -> Machine:
     return await stopped(await ready(make(spec(readiness=READINESS))))
+
+
+async def edge_ready_killing(make: Make) -> Machine:
+    return await killed(await ready(make(spec(readiness=READINESS))))
 
 
 async def edge_unhealthy_backoff(make: Make) -> Machine:
@@ -240,6 +266,23 @@ async def edge_unhealthy_stopping(make: Make) -> Machine:
     await stop
     assert m.path()[-3:] == [State.UNHEALTHY, State.STOPPING, State.STOPPED]
     assert len(m.spawn.children) == 1, "a stop during the restart's stop restarted it"
+    return m
+
+
+async def edge_unhealthy_killing(make: Make) -> Machine:
+    """A kill while the process is stopped to restart: SIGKILL now, and no restart."""
+    m = await ready(make(spec(readiness=READINESS, liveness=LIVENESS, restart=ALWAYS)))
+    m.child().slow_stop = asyncio.Event()
+    await m.clock.asleep(LIVENESS.period)
+    m.prober.failing.add(LIVE_URL)
+    await m.clock.tick(LIVENESS.period)
+    await m.state(State.UNHEALTHY)
+    await m.life().kill_now()
+    assert m.child().returncode == -signal.SIGKILL, "the kill waited for the stop"
+    m.child().slow_stop.set()
+    await m.life().stop()
+    assert m.path()[-3:] == [State.UNHEALTHY, State.KILLING, State.STOPPED]
+    assert len(m.spawn.children) == 1, "a kill during the restart's stop restarted it"
     return m
 
 
@@ -282,8 +325,31 @@ async def edge_backoff_stopping(make: Make) -> Machine:
     return m
 
 
+async def edge_backoff_killing(make: Make) -> Machine:
+    m = await killed(await backoff(make))
+    assert m.clock.sleeping == [], "the backoff's sleep outlived the kill"
+    return m
+
+
 async def edge_stopping_stopped(make: Make) -> Machine:
     return await stopped(await started(make()))
+
+
+async def edge_stopping_killing(make: Make) -> Machine:
+    m = await started(make())
+    m.child().slow_stop = asyncio.Event()
+    stop = asyncio.create_task(m.life().stop())
+    await m.state(State.STOPPING)
+    await m.life().kill_now()
+    assert m.child().returncode == -signal.SIGKILL, "the kill waited for the stop"
+    m.child().slow_stop.set()
+    await stop
+    assert m.path()[-3:] == [State.STOPPING, State.KILLING, State.STOPPED]
+    return m
+
+
+async def edge_killing_stopped(make: Make) -> Machine:
+    return await killed(await started(make()))
 
 
 async def edge_stopped_pending(make: Make) -> Machine:
@@ -508,6 +574,21 @@ async def test_a_stop_in_each_state_ends_stopped_with_nothing_left(machine: Make
     assert not m.life().active
 
 
+@pytest.mark.parametrize("where", list(STOP_IN))
+async def test_a_kill_in_each_state_sigkills_and_ends_stopped(machine: Make, where) -> None:
+    m = await STOP_IN[where](machine)
+    spawned = len(m.spawn.of("p"))
+    before = m.life().state
+    await killed(m)
+    assert m.path()[-3:] == [before, State.KILLING, State.STOPPED]
+    assert all(child.returncode is not None for child in m.spawn.of("p"))
+    if where not in ("pending", "backoff"):
+        assert m.child().signals == [signal.SIGKILL], "no SIGTERM and grace period"
+    m.clock.advance(100)
+    await asyncio.sleep(0)
+    assert len(m.spawn.of("p")) == spawned and not m.life().active
+
+
 async def test_a_stop_while_spawning_stops_what_the_spawn_brings(machine: Make) -> None:
     m = machine()
     m.spawn.hold = asyncio.Event()
@@ -519,6 +600,21 @@ async def test_a_stop_while_spawning_stops_what_the_spawn_brings(machine: Make) 
     await stop
     assert m.path() == [State.PENDING, State.STOPPING, State.STOPPED]
     assert m.child().signals == [signal.SIGTERM] and m.child().returncode == -signal.SIGTERM
+
+
+async def test_a_kill_while_spawning_sigkills_what_the_spawn_brings(machine: Make) -> None:
+    """``Supervisor.kill`` (``kill_now``, then a stop) while the spawn is in flight: the
+    new child gets SIGKILL, not the stop's SIGTERM and grace period. Was: SIGTERM."""
+    m = machine()
+    m.spawn.hold = asyncio.Event()
+    m.life().launch()
+    await m.spawn.started.wait()
+    await m.life().kill_now()
+    stop = asyncio.create_task(m.life().stop())
+    m.spawn.hold.set()
+    await stop
+    assert m.child().signals == [signal.SIGKILL] and m.child().returncode == -signal.SIGKILL
+    assert m.path() == [State.PENDING, State.KILLING, State.STOPPED]
 
 
 async def test_a_stop_of_a_child_ignoring_sigterm_ends_with_its_sigkill(machine: Make) -> None:
