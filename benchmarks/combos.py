@@ -50,6 +50,7 @@ INVARIANTS = (
     "queue",
     "control",
     "progress",
+    "harness",
 )
 
 
@@ -67,6 +68,7 @@ class Done:
     shrunk: str | None = None
     shrunk_violations: list[str] | None = None
     replays: int = 0
+    transients: list[str] | None = None
 
 
 def run_seed(seed: int, length: int, workdir: Path, budget: int, lock: threading.Lock) -> Done:
@@ -96,6 +98,7 @@ def run_seed(seed: int, length: int, workdir: Path, budget: int, lock: threading
         shrunk=str(shrunk.walk) if shrunk else None,
         shrunk_violations=[str(v) for v in shrunk.violations] if shrunk else None,
         replays=replays,
+        transients=outcome.transients,
     )
 
 
@@ -132,6 +135,14 @@ def table(done: list[Done], *, length: int, wall: float | None) -> str:
         + "; start modes: "
         + ", ".join(f"{k} {v}" for k, v in sorted(modes.items()))
         + ".",
+    ]
+    transient = [(d.seed, t) for d in done for t in d.transients or []]
+    rows += [
+        "",
+        f"Lag-0 alignment off for a step or two after an action, back at float level within "
+        f"its steps (allowed, told): {len(transient)} times in "
+        f"{len({seed for seed, _ in transient})} walks.",
+        *(f"- seed {seed}: {t}" for seed, t in transient),
     ]
     if wall is not None:
         rows.append(f"Wall time of this invocation: {wall / 60:.0f} min.")

@@ -169,42 +169,67 @@ def steps_twice_or_skipped(files: RunFiles, done: list[Done]) -> list[Violation]
     return found
 
 
-def lag0_off(files: RunFiles, done: list[Done]) -> list[Violation]:
-    """Per action: among the steps from its start to the next action's, one at float level
-    within ``lag0_within`` steps of its end, and none off after that one. Checked once the
-    window is complete (the next action came, or enough steps passed)."""
-    found = []
+def _windows(files: RunFiles, done: list[Done]) -> list[tuple[Done, list[StepRecord], int]]:
+    """Per action: the steps from its start to the next action's, and how many of them may
+    pass before lag-0 alignment must be at float level (those during the action and
+    ``lag0_within`` more)."""
     records = files.steps
+    windows = []
     for index, d in enumerate(done):
         end = done[index + 1].records_before if index + 1 < len(done) else len(records)
-        window = records[d.records_before : end]
         limit = d.records_after - d.records_before + lag0_within(d.mode)
-        good = next((i for i, r in enumerate(window) if _aligned(r) is True), None)
-        if good is None or good >= limit:
-            if len(window) >= limit:
-                found.append(
-                    Violation(
-                        "lag0",
-                        f"after {d.action} ({d.mode}): no step at float level within "
-                        f"{lag0_within(d.mode)} steps: {_lag0_values(window[:limit])}",
-                    )
-                )
-            continue
-        off = [r for r in window[good:] if _aligned(r) is False]
-        if off:
+        windows.append((d, records[d.records_before : end], limit))
+    return windows
+
+
+def lag0_off(files: RunFiles, done: list[Done]) -> list[Violation]:
+    """Per action: lag-0 alignment at float level within ``lag0_within`` steps of its end,
+    and from there on until the next action: no step off after that many, and one at float
+    level after the last off (checked once that many steps passed)."""
+    found = []
+    for d, window, limit in _windows(files, done):
+        off = [i for i, r in enumerate(window) if _aligned(r) is False]
+        late = [window[i] for i in off if i >= limit]
+        after = off[-1] + 1 if off else 0
+        back = any(_aligned(r) is True for r in window[after:])
+        what = f"after {d.action} ({d.mode})"
+        if late:
             found.append(
                 Violation(
                     "lag0",
-                    f"after {d.action} ({d.mode}): back at float level at step "
-                    f"{window[good].step}, then off again: {_lag0_values(off)}",
+                    f"{what}: off {lag0_within(d.mode)} steps and more after it: "
+                    f"{_lag0_values(late)} (the steps: {_lag0_values(window)})",
+                )
+            )
+        elif not back and len(window) >= limit:
+            found.append(
+                Violation(
+                    "lag0",
+                    f"{what}: no step at float level within {lag0_within(d.mode)} steps: "
+                    f"{_lag0_values(window)}",
                 )
             )
     return found
 
 
+def lag0_transients(files: RunFiles, done: list[Done]) -> list[str]:
+    """Steps off before alignment came back within its steps: allowed, and told (a group
+    sampled by other weights than its version's, for a step or two)."""
+    told = []
+    for d, window, limit in _windows(files, done):
+        off = [r for r in window[:limit] if _aligned(r) is False]
+        if off:
+            told.append(f"after {d.action} ({d.mode}): {_lag0_values(off)}")
+    return told
+
+
 def lag0_settled(files: RunFiles, d: Done) -> bool:
-    """True once a step after ``d`` has lag-0 alignment at float level."""
-    return any(_aligned(r) is True for r in files.steps[d.records_after :])
+    """True once a step after ``d`` has lag-0 alignment at float level, and no step since
+    its start was off after it."""
+    window = files.steps[d.records_before :]
+    off = [i for i, r in enumerate(window) if _aligned(r) is False]
+    after = max(off[-1] + 1 if off else 0, d.records_after - d.records_before)
+    return any(_aligned(r) is True for r in window[after:])
 
 
 def _aligned(record: StepRecord) -> bool | None:

@@ -14,7 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from combo_checks import check, exit_unclean, lag0_settled, queue_lost_or_twice
+from combo_checks import (
+    check,
+    exit_unclean,
+    lag0_settled,
+    lag0_transients,
+    queue_lost_or_twice,
+)
 from combo_run import SHUTDOWN_EXIT, ComboRun, Stopped, Violation
 from combo_walk import Walk
 from e2e_stack import tagged, wait_until
@@ -34,6 +40,8 @@ class Outcome:
     actions_done: int = 0
     seconds: float = 0.0
     run_dir: Path | None = None
+    transients: list[str] = field(default_factory=list)
+    """Lag-0 alignment off for a step or two after an action, back within its steps."""
 
     @property
     def ok(self) -> bool:
@@ -91,8 +99,12 @@ def play(walk: Walk, workdir: Path, say: Callable[[str], None] = print) -> Outco
         outcome.violations = [stop.violation]
         if run.files is not None:
             outcome.violations += check(run.files, run.done, alive=True)
+    except Exception as error:  # the harness's own failure: said as such, the walk kept
+        outcome.violations = [Violation("harness", f"{type(error).__name__}: {error}")]
     finally:
         run.close()
+    if run.files is not None:
+        outcome.transients = lag0_transients(run.files, run.done)
     if outcome.violations:
         outcome.failed_after = at
     outcome.seconds = time.monotonic() - began

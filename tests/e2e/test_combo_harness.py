@@ -11,6 +11,7 @@ import combo_play
 import pytest
 from combo_checks import (
     lag0_off,
+    lag0_transients,
     stalls_unnamed,
     steps_twice_or_skipped,
     unexplained_restarts,
@@ -128,15 +129,23 @@ def test_a_restart_no_kill_explains_is_a_crash_loop(tmp_path: Path) -> None:
 
 def test_lag0_must_be_back_within_its_steps_and_stay(tmp_path: Path) -> None:
     files = Files(tmp_path)
-    values = [1e-7, 1e-7, 0.3, None, 0.2, 1e-7, 1e-7, 0.05]
-    for step, value in enumerate(values, 1):
-        files.step(step, step, value)
-    read = files.read()
     start = done("start", "shared_vllm", 0, 0, 2)
-    late = done("restart", "inference", 2.5, 2, 2)
-    assert lag0_off(read, [start, late])[0].detail.endswith("then off again: 8:0.05")
-    read.steps = read.steps[:7]
-    assert lag0_off(read, [start, late]) == []
+    restart = done("restart", "inference", 2.5, 2, 2)
+    for step, value in enumerate([1e-7, 1e-7, 0.3, None, 0.2, 1e-7, None, 0.05], 1):
+        files.step(step, step, value)
+    found = lag0_off(files.read(), [start, restart])
+    assert [v.detail for v in found] == [
+        "after restart:inference (shared_vllm): no step at float level within 6 steps: "
+        "3:0.3 4:- 5:0.2 6:1e-07 7:- 8:0.05"
+    ]
+    files.step(9, 9, 1e-7)
+    assert lag0_off(files.read(), [start, restart]) == []
+    assert lag0_transients(files.read(), [start, restart]) == [
+        "after restart:inference (shared_vllm): 3:0.3 5:0.2 8:0.05"
+    ]
+    files.step(10, 10, 0.01)
+    found = lag0_off(files.read(), [start, restart])
+    assert found[0].detail.startswith("after restart:inference (shared_vllm): off 6 steps and")
     never = done("switch", "lora_only", 2.5, 2, 2, mode="lora_only")
     files.metrics = files.metrics[:2]
     for step in range(3, 9):
