@@ -97,24 +97,24 @@ def create_app(settings: ApiSettings, db: StoreRunner) -> FastAPI:
             "zmq_port": None,
         }
 
+    env_status_query = Query(
+        False,
+        description="also answer the environment's /status-env (as env_status), read after "
+        "its groups were queued: saves the environment a request per post",
+    )
+
     @app.post("/scored_data", openapi_extra=_json_body(GROUP.json_schema()))
-    async def scored_data(
-        request: Request,
-        env_status: bool = Query(
-            False,
-            description="also answer the group's environment's /status-env (as env_status), "
-            "read after the group was queued: saves the environment a request per group",
-        ),
-    ) -> dict[str, Any]:
+    async def scored_data(request: Request, env_status: bool = env_status_query) -> dict[str, Any]:
         return await service.scored_data(await request.body(), env_status=env_status)
 
     @app.post(
         "/scored_data_list",
         openapi_extra=_json_body({"type": "array", "items": GROUP.json_schema()}),
     )
-    async def scored_data_list(request: Request) -> dict[str, Any]:
-        groups = await service.ingest(await request.body(), many=True)
-        return {"status": "received", "groups_processed": len(groups)}
+    async def scored_data_list(
+        request: Request, env_status: bool = env_status_query
+    ) -> dict[str, Any]:
+        return await service.scored_data(await request.body(), many=True, env_status=env_status)
 
     @app.get("/batch")
     async def batch(

@@ -309,14 +309,19 @@ class RolloutService:
                 return answer
             await self.runner.wait_for_change(deadline - time.monotonic())
 
-    async def scored_data(self, body: bytes, *, env_status: bool) -> dict[str, Any]:
-        """Queue one group; with ``env_status``, add its environment's ``/status-env``
-        answer, read after the group was queued."""
-        (group,) = await self.ingest(body, many=False)
+    async def scored_data(
+        self, body: bytes, *, many: bool = False, env_status: bool = False
+    ) -> dict[str, Any]:
+        """Queue one group (``many``: a list of groups, all or none); with ``env_status``,
+        add the environment's ``/status-env`` answer, read after the groups were queued."""
+        groups = await self.ingest(body, many=many)
         answer: dict[str, Any] = {"status": "received"}
-        if env_status and group.env_id is not None:
+        if many:
+            answer["groups_processed"] = len(groups)
+        env_id = groups[-1].env_id if groups else None
+        if env_status and env_id is not None:
             self.take_edits()
-            status = await self.runner.call(self._status_for, group.env_id)
+            status = await self.runner.call(self._status_for, env_id)
             if status is not None:
                 answer["env_status"] = status
         return answer

@@ -83,9 +83,9 @@ class QueueRoom:
             await stop.sleep(self.poll if status is not None else backoff.next())
         return None
 
-    async def post(self, group: Group) -> bool:
-        """Post ``group`` (at most once); True when queued or possibly queued."""
-        posted, status = await self.api.post(group)
+    async def post(self, groups: list[Group]) -> bool:
+        """Post ``groups`` (at most once, all or none); True when queued or possibly queued."""
+        posted, status = await self.api.post(groups)
         if status is not None:
             self._posted_status = status
         return posted

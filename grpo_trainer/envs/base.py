@@ -29,15 +29,15 @@ import httpx
 
 from grpo_trainer.envs.backpressure import QueueRoom
 from grpo_trainer.envs.evaluation import Evaluator
-from grpo_trainer.envs.groups import build_group
-from grpo_trainer.envs.inference import BadCompletion, InferenceUnavailable
+from grpo_trainer.envs.groups import Group, build_group
+from grpo_trainer.envs.inference import BadCompletion, InferenceUnavailable, Sample
 from grpo_trainer.envs.recording import EnvRecorder
 from grpo_trainer.envs.rollout_api import RolloutApi
 from grpo_trainer.envs.sampling import Sampling
 from grpo_trainer.envs.scoring import Scorer
 from grpo_trainer.envs.settings import EnvSettings
 from grpo_trainer.envs.stats import EnvStats, Reporter
-from grpo_trainer.envs.task import Task
+from grpo_trainer.envs.task import Prompt, Task
 from grpo_trainer.envs.task_errors import TaskErrors, TaskFailing
 from grpo_trainer.envs.tokenizer import PromptTokenizer
 from grpo_trainer.envs.waits import Backoff, StopFlag
@@ -125,9 +125,7 @@ class EnvRunner:
             if await self.api.register() is None:
                 return self.stats
             await self.api.read_info()
-            workers = [
-                asyncio.create_task(self._worker()) for _ in range(self.settings.max_concurrency)
-            ]
+            workers = [asyncio.create_task(self._worker()) for _ in range(self.settings.workers)]
             background = [asyncio.create_task(self._report_loop())]
             if self.settings.eval_every > 0:
                 background.append(asyncio.create_task(self.evaluator.loop(self.room.poll)))
@@ -153,22 +151,22 @@ class EnvRunner:
 
     # ---- producing groups ------------------------------------------------------------
 
-    def _reserve(self) -> bool:
-        """Claim one of the ``max_groups`` slots before generating (always true unlimited)."""
+    def _reserve(self, wanted: int) -> int:
+        """Claim up to ``wanted`` of the ``max_groups`` slots before generating (all of
+        them when unlimited); 0 once every slot is taken."""
         limit = self.settings.max_groups
-        if limit and self._reserved >= limit:
-            return False
-        self._reserved += 1
-        return True
+        granted = wanted if not limit else max(0, min(wanted, limit - self._reserved))
+        self._reserved += granted
+        return granted
 
     async def _worker(self) -> None:
-        """Produce groups until stopped; an unexpected error costs one group, not the worker."""
+        """Produce groups until stopped; an unexpected error costs its groups, not the worker."""
         inference_backoff = Backoff(cap=1.0)
         while not self.stopping.is_set():
             try:
-                if not await self._produce_one(inference_backoff):
+                if not await self._produce(inference_backoff):
                     return
-            except Exception as exc:  # a bug or a surprise costs its group, counted
+            except Exception as exc:  # a bug or a surprise costs its groups, counted
                 self._task_failed("unexpected", "the environment's loop", exc)
                 await self.stopping.sleep(1.0)
 
@@ -181,41 +179,46 @@ class EnvRunner:
         if self.errors.exhausted:
             self.stopping.set()
 
-    async def _produce_one(self, inference_backoff: Backoff) -> bool:
-        """One prompt through generation, scoring and posting; False when done."""
-        if not self._reserve():
+    async def _produce(self, inference_backoff: Backoff) -> bool:
+        """One request's prompts through generation, scoring and posting; False when done."""
+        reserved = self._reserve(self.settings.groups_per_request)
+        if not reserved:
             return False
-        posted = False
+        posted = 0
         try:
-            posted = await self._attempt_group(inference_backoff)
+            posted = await self._attempt_groups(reserved, inference_backoff)
         finally:
-            if not posted:
-                self._reserved -= 1
+            self._reserved -= reserved - posted
         return not self.stopping.is_set()
 
-    async def _attempt_group(self, inference_backoff: Backoff) -> bool:
-        """Generate, score and post one group; True once it was posted (or may have been)."""
+    async def _attempt_groups(self, count: int, inference_backoff: Backoff) -> int:
+        """Generate ``count`` groups in one request, score and post each; how many were
+        posted (or may have been)."""
         started = time.perf_counter()
         room = await self.room.wait()
         if room is None:
-            return False
+            return 0
         version, model = room
         if self.stopping.is_set():
-            return False  # no new group once stopping (the task failed too often, say)
+            return 0  # no new group once stopping (the task failed too often, say)
         asked = time.perf_counter()
         self.stats.timed("room", asked - started)
         self._span("room", asked - started)
         self.sampling.take_edits()
         sampling = self.sampling.request(self.settings.group_size, model)
-        try:
-            prompt = self.task.sample(self.rng)
-        except Exception as exc:  # a user's code may raise anything
-            self._task_failed("sample_raised", "sample()", exc)
-            return False
-        prompt_ids = self.sampling.encode(prompt)
+        prompts: list[tuple[Prompt, list[int]]] = []
+        for _ in range(count):
+            try:
+                prompt = self.task.sample(self.rng)
+            except Exception as exc:  # a user's code may raise anything
+                self._task_failed("sample_raised", "sample()", exc)
+                continue
+            prompts.append((prompt, self.sampling.encode(prompt)))
+        if not prompts:
+            return 0
         generating = time.time()
         try:
-            samples = await self.sampling.sample(prompt_ids, sampling)
+            groups = await self.sampling.sample([ids for _, ids in prompts], sampling)
         except InferenceUnavailable as exc:
             if exc.status is not None:
                 self.stats.error("inference_error", str(exc))
@@ -223,10 +226,10 @@ class EnvRunner:
                 self._inference_up = False
                 log.warning("%s; retrying with backoff", exc)
             await self.stopping.sleep(inference_backoff.next())
-            return False
+            return 0
         except BadCompletion as exc:
             self.stats.error("bad_completion", str(exc))
-            return False
+            return 0
         if not self._inference_up:
             self._inference_up = True
             log.info("inference server reachable again at %s", self.connection.inference_url)
@@ -234,22 +237,43 @@ class EnvRunner:
         self.stats.timed("inference", time.perf_counter() - asked)
         if self.recorder is not None:
             self.recorder.timeline.add("generate", generating, time.time())
+        scored = [
+            self._scored_group(prompt, prompt_ids, samples, sampling.temperature, version)
+            for (prompt, prompt_ids), samples in zip(prompts, groups, strict=True)
+        ]
+        sending = [group for group in scored if group is not None]
+        if not sending:
+            return 0
+        posting = time.perf_counter()
+        posted = await self.room.post(sending)
+        self.stats.timed("post", time.perf_counter() - posting)
+        return len(sending) if posted else 0
+
+    def _scored_group(
+        self,
+        prompt: Prompt,
+        prompt_ids: list[int],
+        samples: list[Sample],
+        temperature: float,
+        version: int,
+    ) -> Group | None:
+        """Score ``samples`` and build their group; None when a drop rule (or the task's
+        code) costs it."""
         scores = self.scorer.score(prompt, samples)
         if scores is None:
             self._stop_if_exhausted()
-            return False
+            return None
         self.errors.succeeded()
         self.stats.scored(scores)
         group = build_group(
-            prompt_ids, samples, scores, temperature=sampling.temperature,
-            policy_version=version,
-        )  # fmt: skip
+            prompt_ids, samples, scores, temperature=temperature, policy_version=version
+        )
         max_token_len = self.api.max_token_len
         if group.longest > max_token_len:
             self.stats.count("groups_dropped_too_long")
             log.info("dropped a group: %d tokens > max_token_len %d", group.longest,
                      max_token_len)  # fmt: skip
-            return False
+            return None
         if group.equal_scores:
             self.stats.count("groups_dropped_equal_scores")
             if self.recorder is not None:
@@ -261,11 +285,8 @@ class EnvRunner:
                     env_id=self.api.env_id,
                     lag=step - version,
                 )
-            return False
-        posting = time.perf_counter()
-        posted = await self.room.post(group)
-        self.stats.timed("post", time.perf_counter() - posting)
-        return posted
+            return None
+        return group
 
     # ---- reporting -------------------------------------------------------------------
 

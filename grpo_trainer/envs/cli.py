@@ -29,7 +29,8 @@ from grpo_trainer.envs.tokenizer import load_prompt_tokenizer
 from grpo_trainer.start_gate import wait_for_start
 
 SETTINGS_FLAGS = (
-    "name", "task", "model_name", "group_size", "max_concurrency", "seed", "max_tokens",
+    "name", "task", "model_name", "group_size", "max_concurrency", "groups_per_request",
+    "seed", "max_tokens",
     "temperature", "top_p", "max_token_length", "eval_every", "eval_k", "eval_size",
     "data_file", "weight", "min_batch_allocation", "max_groups", "ignore_eos",
     "prompt_copies", "record_dropped_mb", "record_dropped_every", "max_consecutive_errors",

@@ -78,7 +78,7 @@ class Evaluator:
         async def one(prompt: Prompt) -> list[bool] | None:
             async with limit:
                 try:
-                    samples = await sampling.sample(sampling.encode(prompt), request)
+                    (samples,) = await sampling.sample([sampling.encode(prompt)], request)
                 except (InferenceUnavailable, BadCompletion) as exc:
                     self.stats.error("eval_inference", str(exc))
                     return None

@@ -37,6 +37,7 @@ class _Logprobs(BaseModel):
 class _Choice(BaseModel):
     index: int = 0
     token_ids: list[int] | None = None
+    prompt_token_ids: list[int] | None = None
     logprobs: _Logprobs | None = None
     finish_reason: str | None = None
 
@@ -75,13 +76,24 @@ class SamplingRequest:
 
 
 async def complete(
-    client: httpx.AsyncClient, prompt_ids: list[int], request: SamplingRequest
-) -> list[Sample]:
-    """Sample ``request.n`` completions of ``prompt_ids``; raises on errors and garbage."""
+    client: httpx.AsyncClient, prompts: list[list[int]], request: SamplingRequest
+) -> list[list[Sample]]:
+    """``request.n`` completions of each of ``prompts``, in one request (one batch for the
+    server, one HTTP exchange for both sides); raises on errors and garbage.
+
+    One prompt goes as a list of token ids, several as a list of them (vLLM's batched
+    completions: the choices of prompt ``p`` are indices ``p * n`` to ``p * n + n - 1``).
+    """
+    n = request.n
+    asked = [ids for ids in prompts for _ in range(n)]  # each choice's prompt, in order
+    if request.copies:
+        body_prompt: list[int] | list[list[int]] = asked
+    else:
+        body_prompt = prompts[0] if len(prompts) == 1 else prompts
     body = {
         "model": request.model,
-        "prompt": [prompt_ids] * request.n if request.copies else prompt_ids,
-        "n": 1 if request.copies else request.n,
+        "prompt": body_prompt,
+        "n": 1 if request.copies else n,
         "max_tokens": request.max_tokens,
         "temperature": request.temperature,
         "top_p": request.top_p,
@@ -101,11 +113,14 @@ async def complete(
         )
     if response.status_code >= 400:
         raise BadCompletion(f"inference refused ({response.status_code}): {response.text[:300]}")
-    return parse_samples(response.content, request.n)
+    samples = parse_samples(response.content, asked)
+    return [samples[p * n : p * n + n] for p in range(len(prompts))]
 
 
-def parse_samples(content: bytes, n: int) -> list[Sample]:
-    """Validate a ``/v1/completions`` answer and return its ``n`` samples in index order."""
+def parse_samples(content: bytes, asked: list[list[int]]) -> list[Sample]:
+    """Validate a ``/v1/completions`` answer and return its samples in index order, one
+    per prompt of ``asked`` (a choice that names its prompt must name that one)."""
+    n = len(asked)
     try:
         parsed = _CompletionResponse.model_validate_json(content)
     except ValidationError as exc:
@@ -114,12 +129,16 @@ def parse_samples(content: bytes, n: int) -> list[Sample]:
         raise BadCompletion(f"asked for {n} completions, got {len(parsed.choices)}")
     samples = []
     for choice in sorted(parsed.choices, key=lambda c: c.index):
+        if not 0 <= choice.index < n:
+            raise BadCompletion(f"choice index {choice.index} is not below {n}")
         if choice.token_ids is None:
             raise BadCompletion(f"choice {choice.index} has no token_ids (return_token_ids?)")
         if not choice.token_ids:
             raise BadCompletion(f"choice {choice.index} is an empty completion")
         if choice.logprobs is None:
             raise BadCompletion(f"choice {choice.index} has no logprobs")
+        if choice.prompt_token_ids is not None and choice.prompt_token_ids != asked[choice.index]:
+            raise BadCompletion(f"choice {choice.index} answers another prompt")
         logprobs = choice.logprobs.token_logprobs
         if len(logprobs) != len(choice.token_ids):
             raise BadCompletion(

@@ -175,34 +175,38 @@ class RolloutApi:
         model = status.get("served_model")
         self.served_model = model if isinstance(model, str) and model else None
 
-    async def post(self, group: Group) -> tuple[bool, dict[str, Any] | None]:
-        """``POST /scored_data``, at most once: whether the group was queued (or may have
-        been), and the queue status our API answered with (None from Atropos)."""
+    async def post(self, groups: list[Group]) -> tuple[bool, dict[str, Any] | None]:
+        """``POST /scored_data`` of one group (``/scored_data_list`` of several: queued all
+        or none), at most once: whether they were queued (or may have been), and the queue
+        status our API answered with (None from Atropos)."""
         backoff = Backoff()
         registered_again = False
+        route = "/scored_data" if len(groups) == 1 else "/scored_data_list"
+        what = "group" if len(groups) == 1 else f"{len(groups)} groups"
         while True:
             seen = self._registrations
+            payloads = [g.payload(self.env_id, self.settings.registered_name) for g in groups]
             try:
                 response = await self.http.post(
-                    "/scored_data",
-                    json=group.payload(self.env_id, self.settings.registered_name),
+                    route,
+                    json=payloads[0] if len(groups) == 1 else payloads,
                     params={"env_status": "true"},
                 )
             except NOT_DELIVERED as exc:
                 if self.stop.is_set():
-                    self.stats.error("api_unreachable", f"group not sent at shutdown: {exc!r}")
+                    self.stats.error("api_unreachable", f"{what} not sent at shutdown: {exc!r}")
                     return False, None
                 self._down(exc)
                 await self.stop.sleep(backoff.next())
                 continue
             except httpx.TransportError as exc:
                 self._down(exc)
-                self.stats.count("groups_unconfirmed")
-                self.stats.error("api_connection_lost", f"group may or may not be queued: {exc!r}")
+                self.stats.count("groups_unconfirmed", len(groups))
+                self.stats.error("api_connection_lost", f"{what} may or may not be queued: {exc!r}")
                 return True, None
             self._back()
             if response.status_code == 200:
-                self.stats.count("groups_sent")
+                self.stats.count("groups_sent", len(groups))
                 return True, self._posted_status(response)
             if response.status_code == 503:
                 await self.stop.sleep(backoff.next())
@@ -210,11 +214,11 @@ class RolloutApi:
             forgotten = response.status_code in FORGOTTEN and "env_id" in response.text
             if forgotten and not registered_again:
                 registered_again = True
-                await self._reregister(f"/scored_data answered {response.status_code}", seen)
+                await self._reregister(f"{route} answered {response.status_code}", seen)
                 continue
             self.stats.error(
                 "api_rejected",
-                f"/scored_data answered {response.status_code}: {response.text[:300]}",
+                f"{route} answered {response.status_code}: {response.text[:300]}",
             )
             return False, None
 

@@ -50,9 +50,12 @@ class Sampling:
             copies=settings.prompt_copies,
         )
 
-    async def sample(self, prompt_ids: list[int], request: SamplingRequest) -> list[Sample]:
-        """The completions (``inference.complete``: raises on errors and garbage)."""
-        return await complete(self.inference, prompt_ids, request)
+    async def sample(
+        self, prompts: list[list[int]], request: SamplingRequest
+    ) -> list[list[Sample]]:
+        """The completions of each prompt, in one request (``inference.complete``: raises
+        on errors and garbage)."""
+        return await complete(self.inference, prompts, request)
 
     def take_edits(self) -> None:
         """The run's live edits from the next group on; the supervisor validated them with

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 BUILTIN_TASKS = ("toy", "gsm8k")
 DOTTED_PATH = re.compile(r"^[A-Za-z_][\w.]*[:.][A-Za-z_]\w*$")
@@ -28,6 +28,12 @@ class EnvSettings(BaseModel):
     model_name: str = Field("policy", description="served model name asked of inference")
     group_size: int = Field(8, ge=2, description="completions per prompt (one group)")
     max_concurrency: int = Field(4, ge=1, description="groups generated at the same time")
+    groups_per_request: int = Field(
+        1,
+        ge=1,
+        description="groups asked of inference in one request (its prompts side by side): "
+        "fewer, larger batches; at most max_concurrency",
+    )
     seed: int = 0
     max_tokens: int | None = Field(None, ge=1, description="completion cap; None = task's default")
     ignore_eos: bool = Field(
@@ -81,6 +87,21 @@ class EnvSettings(BaseModel):
             raise ValueError(f"{str(value)!r} does not exist")
         return value
 
+    @model_validator(mode="after")
+    def _groups_fit_concurrency(self) -> EnvSettings:
+        if self.groups_per_request > self.max_concurrency:
+            raise ValueError(
+                f"groups_per_request {self.groups_per_request} exceeds max_concurrency "
+                f"{self.max_concurrency} (the groups generated at the same time)"
+            )
+        return self
+
+    @property
+    def workers(self) -> int:
+        """Requests in flight at once: ``max_concurrency`` groups, ``groups_per_request``
+        to a request."""
+        return self.max_concurrency // self.groups_per_request
+
     @property
     def module(self) -> str:
         """The module ``python -m`` runs: the task's own, or the generic runner."""
@@ -114,6 +135,7 @@ class EnvSettings(BaseModel):
             "--name", self.registered_name,
             "--seed", str(self.seed),
             "--max-concurrency", str(self.max_concurrency),
+            "--groups-per-request", str(self.groups_per_request),
             "--temperature", repr(self.temperature),
             "--top-p", repr(self.top_p),
             "--max-token-length", str(self.max_token_length),

@@ -45,9 +45,9 @@ class EnvStats:
         """One group spent ``seconds`` in ``stage`` (reported as a mean)."""
         self._latency.setdefault(stage, []).append(seconds)
 
-    def count(self, name: str) -> None:
-        """Count one event of ``name`` (one of ``COUNTERS``)."""
-        self.counts[name] += 1
+    def count(self, name: str, events: int = 1) -> None:
+        """Count ``events`` events of ``name`` (one of ``COUNTERS``)."""
+        self.counts[name] += events
 
     def error(self, kind: str, reason: str) -> None:
         """Count an error and log its reason; the environment keeps going."""

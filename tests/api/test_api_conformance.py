@@ -198,6 +198,9 @@ def test_served_version_reaches_status_env_until_the_next_registration(
     assert served() == 3
     posted = api.post("/scored_data", params={"env_status": "true"}, json=group(1)).json()
     assert posted["env_status"]["served_version"] == 3
+    pair = [group(2, env_id=ids["toy"]), group(3, env_id=ids["toy"])]
+    listed = api.post("/scored_data_list", params={"env_status": "true"}, json=pair).json()
+    assert (listed["groups_processed"], listed["env_status"]["served_version"]) == (2, 3)
     api.post("/register", json={**TRAINER, "starting_step": 4})
     assert served() is None
 

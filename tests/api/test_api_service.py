@@ -126,3 +126,24 @@ async def test_env_status_pauses_at_the_bound_and_takes_live_edits(
     with pytest.raises(Refused) as refused:
         await service.env_status(99)
     assert refused.value.status == 404
+
+
+async def test_a_list_post_queues_all_or_none_and_answers_the_status_after_it(
+    service: RolloutService,
+) -> None:
+    """``/scored_data_list?env_status=true``: the environment's status is read after every
+    group of the list was queued (one request for an environment's whole round)."""
+    env_id = await start(service)
+    answer = await service.scored_data(
+        body(group(1, env_id=env_id), group(2, env_id=env_id)), many=True, env_status=True
+    )
+    assert answer["groups_processed"] == 2
+    assert (answer["env_status"]["queue_size"], answer["env_status"]["pause"]) == (2, True)
+    with pytest.raises(Refused):
+        await service.scored_data(
+            body(group(3, env_id=env_id), group(4, env_id=99)), many=True, env_status=True
+        )
+    assert (await service.status())["queue_size"] == 2  # the bad list queued nothing
+    plain = await service.scored_data(body(group(5, env_id=env_id), group(6, env_id=env_id)),
+                                      many=True)  # fmt: skip
+    assert plain == {"status": "received", "groups_processed": 2}

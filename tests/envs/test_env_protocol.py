@@ -5,6 +5,7 @@ back-pressure pauses production until the trainer takes a batch."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import time
 from collections.abc import Callable
@@ -43,7 +44,12 @@ def start_api(spawn: Callable[[str, list[str]], Proc], tmp_path: Path, *extra: s
     return url
 
 
-def test_groups_arrive_aligned_field_by_field(spawn, tmp_path, tiny_model, inference) -> None:
+@pytest.mark.parametrize("per_request", [1, 2])
+def test_groups_arrive_aligned_field_by_field(
+    spawn, tmp_path, tiny_model, inference, per_request
+) -> None:
+    """Also with two groups to a request (``groups_per_request``): each group's logprobs,
+    recomputed from its own prompt, show that no completion went to another prompt."""
     api = start_api(spawn, tmp_path)
     trainer = Trainer(api, batch_size=2 * GROUP)
     trainer.register()
@@ -51,7 +57,7 @@ def test_groups_arrive_aligned_field_by_field(spawn, tmp_path, tiny_model, infer
         "env",
         env_argv("grpo_trainer.envs.toy", api, inference, tiny_model, "--group-size",
                  str(GROUP), "--max-groups", "4", "--temperature", str(TEMPERATURE),
-                 "--max-concurrency", "2", "--seed", "3"),
+                 "--max-concurrency", "2", "--seed", "3", "--groups-per-request", str(per_request)),
     )  # fmt: skip
     assert env.wait(timeout=120) == 0, env.text()[-3000:]
     assert "grpo-env registered" in env.text()
@@ -178,10 +184,10 @@ async def test_status_returned_with_a_post_saves_the_next_status_request(
         assert await runner.api.register() is not None
         model = runner.settings.model_name  # no served name reported: the env's own
         assert await runner.room.wait() == (0, model)
-        assert await runner.room.post(group)  # half a batch queued: room left
+        assert await runner.room.post([group])  # half a batch queued: room left
         assert await runner.room.wait() == (0, model)
         assert counting.paths.count("/status-env") == 1
-        assert await runner.room.post(group)  # one whole batch queued: the bound
+        assert await runner.room.post([group])  # one whole batch queued: the bound
         runner.room.poll = 0.05
         waiting = asyncio.create_task(runner.room.wait())
 
@@ -199,6 +205,64 @@ async def test_status_returned_with_a_post_saves_the_next_status_request(
         runner.stop()
         await runner.aclose()
         trainer.close()
+
+
+class RecordingTransport(httpx.AsyncHTTPTransport):
+    """Real HTTP, recording each request's path and how many groups or prompts it held."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sent: list[tuple[str, int]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content) if request.content else None
+        if request.url.path == "/v1/completions":
+            held = len(body["prompt"]) if isinstance(body["prompt"][0], list) else 1
+        else:
+            held = len(body) if isinstance(body, list) else 1
+        self.sent.append((request.url.path, held))
+        return await super().handle_async_request(request)
+
+
+async def test_a_request_carries_groups_per_request_groups_and_they_post_together(
+    spawn, tmp_path, tiny_model, inference
+) -> None:
+    """``groups_per_request = 4``: each completions request asks for 4 prompts' groups, and
+    the groups of one request that survive the drop rules go in one ``/scored_data_list``
+    post (one queue commit): a quarter of the requests of one group at a time."""
+    api = start_api(spawn, tmp_path)
+    trainer = Trainer(api, batch_size=8 * GROUP)
+    trainer.register()
+    settings = EnvSettings(group_size=GROUP, max_concurrency=4, groups_per_request=4)
+    runner = EnvRunner(
+        RepeatDigit(), settings, Connection(api, inference), FastTokenizer.from_dir(tiny_model)
+    )
+    to_api, to_inference = RecordingTransport(), RecordingTransport()
+    await runner.aclose()
+    runner.api.http = httpx.AsyncClient(base_url=api, transport=to_api, timeout=30.0)
+    runner.sampling.inference = httpx.AsyncClient(
+        base_url=inference, transport=to_inference, timeout=60.0
+    )
+    running = asyncio.create_task(runner.run())
+    try:
+        async with asyncio.timeout(120):
+            while (await asyncio.to_thread(trainer.status))["queue_size"] < 8:
+                await asyncio.sleep(0.05)
+    finally:
+        runner.stop()
+        stats = await running
+        trainer.close()
+    requests = [held for path, held in to_inference.sent if path == "/v1/completions"]
+    assert requests and set(requests) == {4}
+    counts = stats.counts
+    scored = sum(counts[k] for k in ("groups_sent", "groups_dropped_equal_scores",
+                                     "groups_dropped_too_long"))  # fmt: skip
+    assert scored == 4 * len(requests)
+    posts = [(path, held) for path, held in to_api.sent if path.startswith("/scored_data")]
+    assert sum(held for _, held in posts) == counts["groups_sent"] >= 8
+    assert len(posts) <= len(requests)
+    assert all(path == ("/scored_data_list" if held > 1 else "/scored_data")
+               for path, held in posts)  # fmt: skip
 
 
 def test_groups_are_tagged_with_the_served_version_not_the_step(

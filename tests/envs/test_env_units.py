@@ -58,7 +58,7 @@ def _choice(index: int, ids: list[int], logprobs: list) -> dict:
 
 
 def test_parse_samples_orders_by_index() -> None:
-    samples = parse_samples(_answer([_choice(1, [5], [-1.0]), _choice(0, [4], [-2.0])]), 2)
+    samples = parse_samples(_answer([_choice(1, [5], [-1.0]), _choice(0, [4], [-2.0])]), [[3]] * 2)
     assert [s.token_ids for s in samples] == [[4], [5]]
     assert samples[0].truncated
 
@@ -74,11 +74,18 @@ def test_parse_samples_orders_by_index() -> None:
         (_answer([_choice(0, [4], [0.5])] * 2), "logprob 0.5"),
         (_answer([_choice(0, [], [])] * 2), "empty completion"),
         (_answer([{"index": 0, "token_ids": [4]}] * 2), "no logprobs"),
+        (_answer([_choice(0, [4], [-1.0]), _choice(2, [4], [-1.0])]), "index 2 is not below 2"),
+        (
+            _answer(
+                [_choice(0, [4], [-1.0]), {**_choice(1, [4], [-1.0]), "prompt_token_ids": [3]}]
+            ),
+            "choice 1 answers another prompt",
+        ),
     ],
 )
 def test_parse_samples_rejects_garbage_with_reason(content: bytes, reason: str) -> None:
     with pytest.raises(BadCompletion, match=reason):
-        parse_samples(content, 2)
+        parse_samples(content, [[3], [9]])
 
 
 def test_fast_tokenizer_matches_transformers(tiny_model: Path) -> None:
@@ -103,7 +110,7 @@ def test_settings_command_round_trips_through_the_cli(tmp_path: Path) -> None:
         name="math",
         task="gsm8k", group_size=4, seed=9, max_tokens=300, temperature=0.8, eval_every=5,
         eval_k=4, data_file=data, weight=2.0, min_batch_allocation=0.25, max_concurrency=3,
-        ignore_eos=True, prompt_copies=True,
+        groups_per_request=3, ignore_eos=True, prompt_copies=True,
     )  # fmt: skip
     argv = settings.command(
         api_url="http://127.0.0.1:8000", inference_url="http://127.0.0.1:9001",
@@ -134,6 +141,9 @@ def test_bad_settings_exit_2_naming_the_flag(capsys: pytest.CaptureFixture[str])
     assert "--group-size" in capsys.readouterr().err
     with pytest.raises(ValueError, match="neither a built-in task"):
         EnvSettings(task="not a task")
+    with pytest.raises(ValueError, match="groups_per_request 8 exceeds max_concurrency 4"):
+        EnvSettings(max_concurrency=4, groups_per_request=8)
+    assert EnvSettings(max_concurrency=8, groups_per_request=3).workers == 2
 
 
 def test_toy_reward_gives_partial_credit() -> None:
@@ -217,8 +227,28 @@ async def test_a_group_is_sampled_as_n_or_as_n_prompt_copies(inference: str, cop
 
     request = SamplingRequest(model="policy", n=4, max_tokens=5, temperature=1.0, copies=copies)
     async with httpx.AsyncClient(base_url=inference, event_hooks={"request": [record]}) as client:
-        samples = await complete(client, [5, 6, 7], request)
+        (samples,) = await complete(client, [[5, 6, 7]], request)
     assert len(samples) == 4 and all(s.token_ids and len(s.logprobs) == len(s.token_ids)
                                      for s in samples)  # fmt: skip
     expected = ([[5, 6, 7]] * 4, 1) if copies else ([5, 6, 7], 4)
+    assert [(body["prompt"], body["n"]) for body in sent] == [expected]
+
+
+@pytest.mark.parametrize("copies", [False, True])
+async def test_several_groups_go_in_one_request(inference: str, copies: bool) -> None:
+    """``groups_per_request``: one request holds every prompt (a list of token-id lists, as
+    vLLM takes it) and its answer comes back split per prompt, each group's n samples
+    from its own prompt (the server names each choice's prompt; a mix-up is refused)."""
+    sent: list[dict] = []
+
+    async def record(request: httpx.Request) -> None:
+        sent.append(json.loads(request.content))
+
+    prompts = [[5, 6, 7], [8, 9], [10, 11, 12, 13]]
+    request = SamplingRequest(model="policy", n=3, max_tokens=5, temperature=1.0, copies=copies)
+    async with httpx.AsyncClient(base_url=inference, event_hooks={"request": [record]}) as client:
+        groups = await complete(client, prompts, request)
+    assert [len(samples) for samples in groups] == [3, 3, 3]
+    assert all(s.token_ids and len(s.logprobs) == len(s.token_ids) for g in groups for s in g)
+    expected = ([p for p in prompts for _ in range(3)], 1) if copies else (prompts, 3)
     assert [(body["prompt"], body["n"]) for body in sent] == [expected]
