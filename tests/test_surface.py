@@ -64,6 +64,7 @@ PROFILE_KEYS = [
     "env.eval_size",
     "env.gpus_per_node",
     "env.group_size",
+    "env.groups_per_request",
     "env.ignore_eos",
     "env.max_concurrency",
     "env.max_consecutive_errors",

@@ -12,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 BUILTIN_TASKS = ("toy", "gsm8k")
 DOTTED_PATH = re.compile(r"^[A-Za-z_][\w.]*[:.][A-Za-z_]\w*$")
@@ -32,7 +32,7 @@ class EnvSettings(BaseModel):
         1,
         ge=1,
         description="groups asked of inference in one request (its prompts side by side): "
-        "fewer, larger batches; at most max_concurrency",
+        "fewer, larger batches; a divisor of max_concurrency",
     )
     seed: int = 0
     max_tokens: int | None = Field(None, ge=1, description="completion cap; None = task's default")
@@ -87,19 +87,21 @@ class EnvSettings(BaseModel):
             raise ValueError(f"{str(value)!r} does not exist")
         return value
 
-    @model_validator(mode="after")
-    def _groups_fit_concurrency(self) -> EnvSettings:
-        if self.groups_per_request > self.max_concurrency:
+    @field_validator("groups_per_request")
+    @classmethod
+    def _groups_divide_concurrency(cls, value: int, info: ValidationInfo) -> int:
+        concurrency = info.data.get("max_concurrency")
+        if concurrency is not None and concurrency % value:
             raise ValueError(
-                f"groups_per_request {self.groups_per_request} exceeds max_concurrency "
-                f"{self.max_concurrency} (the groups generated at the same time)"
+                f"{value} does not divide max_concurrency {concurrency} (the groups generated "
+                f"at the same time, groups_per_request to a request): use a divisor of it"
             )
-        return self
+        return value
 
     @property
     def workers(self) -> int:
         """Requests in flight at once: ``max_concurrency`` groups, ``groups_per_request``
-        to a request."""
+        to a request (a divisor: checked above)."""
         return self.max_concurrency // self.groups_per_request
 
     @property

@@ -141,9 +141,10 @@ def test_bad_settings_exit_2_naming_the_flag(capsys: pytest.CaptureFixture[str])
     assert "--group-size" in capsys.readouterr().err
     with pytest.raises(ValueError, match="neither a built-in task"):
         EnvSettings(task="not a task")
-    with pytest.raises(ValueError, match="groups_per_request 8 exceeds max_concurrency 4"):
-        EnvSettings(max_concurrency=4, groups_per_request=8)
-    assert EnvSettings(max_concurrency=8, groups_per_request=3).workers == 2
+    for bad in (8, 3):
+        with pytest.raises(ValueError, match=f"{bad} does not divide max_concurrency 4"):
+            EnvSettings(max_concurrency=4, groups_per_request=bad)
+    assert EnvSettings(max_concurrency=8, groups_per_request=4).workers == 2
 
 
 def test_toy_reward_gives_partial_credit() -> None:

@@ -179,6 +179,16 @@ CASES = {
         "env[1].group_size",
         "valid integer",
     ),
+    "groups_per_request that does not divide max_concurrency": (
+        """
+        [[env]]
+        max_concurrency = 8
+        groups_per_request = 3
+        """,
+        3,
+        "env[0].groups_per_request",
+        "3 does not divide max_concurrency 8",
+    ),
     "key the role layer sets": (
         """
         [trainer]
