@@ -11,9 +11,10 @@ In one run, side by side (markdown tables on stdout):
    -> 5-step mean reward 0.8 (in-process: first step -> 0.8).
 3. **Per-stage breakdown** of a step from the runs' own metrics: the trainer's wait for
    data, its compute (``step_time``) and the rest of its loop (fetch/parse, ack, sync,
-   report); per group in the environment, the wait for queue room, the completions request
-   and the post (``env/latency/*``, reported by environments from this change on); the CPU
-   a step costs in each process (the supervisor's resource samples).
+   report); per request in the environment, the wait for queue room, the completions request
+   and the post (``env/latency/*``); the CPU a steady step costs in each role's processes
+   (psutil, read at trainer steps ``SKIP`` and ``steps - 1``) against the floor's one process,
+   and the groups generated per step.
 4. **Start-up**: when each process reached its milestone (API ready, model built,
    inference ready, trainer ready, env ready, first step), from the runs' ``events.jsonl``;
    once with the tiny model's build cache empty (a short extra run per tree), then the
@@ -25,7 +26,8 @@ an older commit unpacked outside the repository), each code tree through its own
 ``sys.path``) and its own quickstart profile; ``--before-python`` runs it with another
 interpreter, e.g. one without the packages a newer tree added (``uvicorn[standard]``), as
 it was installed. The machine is shared: runs interleave
-(floor, ours, before) and the load average is printed with each; compare within one run.
+(floor, ours, before) and the load average is printed with each (at the start, and the
+range sampled while a stack run ran); compare within one run, and quote numbers with it.
 
     python benchmarks/pipeline.py --before /tmp/base --modes shared_vllm lora_only
     python benchmarks/pipeline.py --repeats 3 --steps 120
@@ -51,6 +53,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 import tomli_w
 import torch
 
@@ -76,6 +79,14 @@ def free_port() -> int:
 
 def load() -> str:
     return "/".join(f"{v:.1f}" for v in os.getloadavg())
+
+
+def spread(samples: list[float]) -> str:
+    """The range of 1-minute load averages sampled during a run ("-" when none)."""
+    if not samples:
+        return "-"
+    low, high = min(samples), max(samples)
+    return f"{low:.1f}" if round(low, 1) == round(high, 1) else f"{low:.1f}-{high:.1f}"
 
 
 def median(values: list[float]) -> float | None:
@@ -149,10 +160,17 @@ class StackRun:
     tree: str
     mode: str
     load: str
+    """1/5/15-minute load averages when the run started."""
+    load_during: str = "-"
+    """Range of the 1-minute load average sampled while it ran (the run's own share in it)."""
     first_step: float | None = None
     to_target: float | None = None
     step: float | None = None
     breakdown: dict[str, float | None] = field(default_factory=dict)
+    cpu: dict[str, float] = field(default_factory=dict)
+    """CPU seconds a steady step costs in each role's processes."""
+    generated: float | None = None
+    """Groups the environments generated per steady step (sent and dropped)."""
     startup: dict[str, float | None] = field(default_factory=dict)
     steps: int = 0
     exit_code: int | None = None
@@ -180,10 +198,57 @@ def startup_times(run_dir: Path, started: float) -> dict[str, float | None]:
     return seen
 
 
+ROLES = {
+    "api": "grpo_trainer.api",
+    "inference": "grpo_trainer.serve",
+    "trainer": "grpo_trainer.train",
+    "env": "grpo_trainer.envs",
+    "supervisor": "grpo_tui",
+}
+"""Each process's role by the module its command line runs (checked in this order)."""
+GENERATED = ("groups_sent", "groups_dropped_equal_scores", "groups_dropped_too_long")
+
+
+def cpu_by_role(root: psutil.Process) -> dict[str, float]:
+    """CPU seconds (user + system, every thread) so far of ``root`` and its descendants,
+    summed by role: what a step costs in each process, whatever the machine's load."""
+    totals = dict.fromkeys(ROLES, 0.0)
+    for proc in [root, *root.children(recursive=True)]:
+        try:
+            command, times = " ".join(proc.cmdline()), proc.cpu_times()
+        except psutil.Error:
+            continue
+        role = next((r for r, module in ROLES.items() if f"-m {module}" in command), None)
+        if role is not None:
+            totals[role] += times.user + times.system
+    return totals
+
+
+class RunTail:
+    """The records a run appends to its ``metrics.jsonl``, read as they come."""
+
+    def __init__(self, out: Path) -> None:
+        self.out = out
+        self.offset = 0
+        self.pending = b""
+
+    def poll(self) -> list[dict]:
+        files = list(self.out.glob("*/metrics.jsonl"))
+        if not files:
+            return []
+        with files[0].open("rb") as handle:
+            handle.seek(self.offset)
+            data = self.pending + handle.read()
+        self.offset += len(data) - len(self.pending)
+        *lines, self.pending = data.split(b"\n")
+        return [json.loads(line) for line in lines if line.strip()]
+
+
 def stack_run(
     tree: Path, python: str, label: str, mode: str, steps: int, work: Path, cache: Path
 ) -> StackRun:
-    """``grpo-tui run`` of ``tree``'s quickstart in ``mode``; times read from the run dir.
+    """``grpo-tui run`` of ``tree``'s quickstart in ``mode``; times read from the run dir,
+    CPU per process read (psutil) at trainer step ``SKIP`` and at the step before the last.
     ``cache`` is the tiny model's build cache (``GRPO_TUI_CACHE``; older trees have none)."""
     profile = tomllib.loads((tree / "profiles" / "quickstart.toml").read_text())
     out = work / f"{label}-{mode}-{time.monotonic_ns()}"
@@ -197,10 +262,33 @@ def stack_run(
     env = {**os.environ, "PYTHONPATH": str(tree), "GRPO_TUI_CACHE": str(cache)}
     result = StackRun(label, mode, load())
     started = time.time()
-    done = subprocess.run([python, "-m", "grpo_tui", "run", str(path)], env=env,
-                          cwd=tree, capture_output=True, timeout=1800)  # fmt: skip
-    result.exit_code = done.returncode
-    run_dir = next(out.iterdir())
+    with (out.parent / f"{out.name}.log").open("wb") as log:
+        proc = subprocess.Popen([python, "-m", "grpo_tui", "run", str(path)], env=env, cwd=tree,
+                                stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        root, tail = psutil.Process(proc.pid), RunTail(out)
+        marks: dict[int, tuple[dict[str, float], dict[str, float]]] = {}
+        counters: dict[str, float] = {}
+        loads: list[float] = []
+        try:
+            while proc.poll() is None:
+                loads.append(os.getloadavg()[0])
+                if time.time() - started > 1800:
+                    raise TimeoutError(f"{label} {mode}: no end after 30 min ({out})")
+                for record in tail.poll():
+                    if record["process"] == "env":
+                        counters.update(record["data"])
+                    step = record.get("step")
+                    is_step = record["process"] == "trainer" and "step_time" in record["data"]
+                    if is_step and step in (SKIP, steps - 1) and step not in marks:
+                        marks[step] = (cpu_by_role(root), dict(counters))
+                time.sleep(0.05)
+        finally:
+            if proc.poll() is None:
+                proc.terminate()  # grpo-tui stops what it started
+            proc.wait(timeout=120)
+    result.exit_code = proc.returncode
+    result.load_during = spread(loads)
+    run_dir = next(p for p in out.iterdir() if p.is_dir())
     result.startup = startup_times(run_dir, started)
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").open()]
     trainer = [r for r in records if r["process"] == "trainer" and "step_time" in r["data"]]
@@ -231,30 +319,34 @@ def stack_run(
     }
     for stage in ("room", "inference", "post"):
         values = [d[f"env/latency/{stage}_s"] for d in envs if f"env/latency/{stage}_s" in d]
-        result.breakdown[f"env {stage} (per group)"] = median(values)
-    for process, busy in cpu_percent(run_dir, times[SKIP], times[-1]).items():
-        result.breakdown[f"CPU {process} (per step)"] = (
-            None if result.step is None else busy / 100 * result.step
-        )
+        result.breakdown[f"env {stage} (per request)"] = median(values)
+    if SKIP in marks and steps - 1 in marks:
+        (cpu0, env0), (cpu1, env1) = marks[SKIP], marks[steps - 1]
+        between = steps - 1 - SKIP
+        for role in ROLES:
+            result.cpu[role] = (cpu1[role] - cpu0[role]) / between
+        made = sum(env1.get(f"env/{k}", 0.0) - env0.get(f"env/{k}", 0.0) for k in GENERATED)
+        result.generated = made / between
     return result
-
-
-def cpu_percent(run_dir: Path, start: float, end: float) -> dict[str, float]:
-    """Mean CPU % of each process tree between ``start`` and ``end`` (the supervisor's
-    ``ResourceSample`` events): times the step time, the CPU a step costs per process."""
-    samples: dict[str, list[float]] = {}
-    for line in (run_dir / "events.jsonl").open():
-        event = json.loads(line)
-        if event.get("type") == "ResourceSample" and start <= event["t"] <= end:
-            samples.setdefault(event["process"], []).append(event["cpu_percent"])
-    return {process: statistics.mean(values) for process, values in sorted(samples.items())}
 
 
 # ---- 3. the in-process floor --------------------------------------------------------------
 
 
-def floor(lora: bool, steps: int, seed: int) -> tuple[float, float | None, str]:
-    """Median step seconds and seconds to the target of the in-process GRPO recipe."""
+@dataclass
+class FloorRun:
+    """The in-process recipe: median step seconds, CPU seconds per step, seconds from its
+    first step to the target, and the load when it started."""
+
+    step: float
+    cpu: float
+    to_target: float | None
+    load: str
+    load_after: float
+
+
+def floor(lora: bool, steps: int, seed: int) -> FloorRun:
+    """One run of the in-process GRPO recipe (generation and training in one process)."""
     setting = Setting(
         lr=1e-3, group_size=8, prompts=16, temperature=1.0, init=0.02, hidden=64,
         final_norm=6.0, beta=0.04, warmup=10, seed=seed, lora=lora,
@@ -263,7 +355,13 @@ def floor(lora: bool, steps: int, seed: int) -> tuple[float, float | None, str]:
     )  # fmt: skip
     before = load()
     outcome = run(setting, steps=steps, target=TARGET, stop=False, verbose=False)
-    return statistics.median(outcome.step_seconds[SKIP:]), outcome.seconds_to_target, before
+    return FloorRun(
+        statistics.median(outcome.step_seconds[SKIP:]),
+        statistics.mean(outcome.step_cpu[SKIP:]),
+        outcome.seconds_to_target,
+        before,
+        os.getloadavg()[0],
+    )
 
 
 def main() -> None:
@@ -276,7 +374,7 @@ def main() -> None:
     )
     parser.add_argument("--modes", nargs="+", default=["shared_vllm", "lora_only"])
     parser.add_argument("--steps", type=int, default=100, help="training steps per stack run")
-    parser.add_argument("--repeats", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per mode and tree (medians)")
     parser.add_argument("--server-rounds", type=int, default=5)
     parser.add_argument(
         "--threads", type=int, default=1, help="torch threads of the floor (1, as in the stack)"
@@ -327,7 +425,7 @@ def main() -> None:
             stack_run(tree, python, label, args.modes[0], SKIP + 2, work, work / f"cache-{label}")
             for label, tree, python in trees
         ]
-        floors: dict[bool, list[tuple[float, float | None, str]]] = {False: [], True: []}
+        floors: dict[bool, list[FloorRun]] = {False: [], True: []}
         runs: list[StackRun] = []
         for repeat in range(args.repeats):
             for mode in args.modes:
@@ -337,9 +435,11 @@ def main() -> None:
                     cache = work / f"cache-{label}"
                     runs.append(stack_run(tree, python, label, mode, args.steps, work, cache))
                     r = runs[-1]
+                    cpu = sum(r.cpu.values()) if r.cpu else None
                     print(f"<!-- {label} {mode}: exit {r.exit_code}, {r.steps} steps, "
-                          f"step {ms(r.step)} ms, first {secs(r.first_step)} s, "
-                          f"0.8 {secs(r.to_target)} s, load {r.load} -->", flush=True)  # fmt: skip
+                          f"step {ms(r.step)} ms, CPU {ms(cpu)} ms/step, first "
+                          f"{secs(r.first_step)} s, 0.8 {secs(r.to_target)} s, "
+                          f"load {r.load}, during {r.load_during} -->", flush=True)  # fmt: skip
         _report(args, trees, floors, runs)
         _report_startup(trees, colds, runs)
 
@@ -404,17 +504,18 @@ def _report_startup(trees: list[Tree], colds: list[StackRun], runs: list[StackRu
 def _report(
     args: argparse.Namespace,
     trees: list[Tree],
-    floors: dict[bool, list[tuple[float, float | None, str]]],
+    floors: dict[bool, list[FloorRun]],
     runs: list[StackRun],
 ) -> None:
     print("\n## Stack vs in-process floor (medians over repeats)\n")
     print("| mode | code | step ms | floor step ms | ratio | command -> first step s | "
-          "command -> 0.8 s | floor first step -> 0.8 s | loads |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|")
+          "command -> 0.8 s | floor first step -> 0.8 s | load: stack runs | "
+          "load: floor runs |")  # fmt: skip
+    print("|---" * 10 + "|")
     for mode in args.modes:
         lora = mode.startswith("lora")
-        floor_step = median([f[0] for f in floors[lora]])
-        floor_hit = median([f[1] for f in floors[lora] if f[1] is not None])
+        floor_step = median([f.step for f in floors[lora]])
+        floor_hit = median([f.to_target for f in floors[lora] if f.to_target is not None])
         for label, _, _ in trees:
             mine = [r for r in runs if r.mode == mode and r.tree == label]
             step = median([r.step for r in mine if r.step is not None])
@@ -424,9 +525,35 @@ def _report(
             missed = sum(h is None for h in hits)
             hit_text = secs(hit) + (f" ({missed} of {len(hits)} missed)" if missed else "")
             first = secs(median([r.first_step for r in mine if r.first_step is not None]))
-            loads = ", ".join(r.load for r in mine)
+            loads = ", ".join(f"{r.load.split('/')[0]} ({r.load_during})" for r in mine)
+            floor_loads = ", ".join(
+                f"{f.load.split('/')[0]} -> {f.load_after:.1f}" for f in floors[lora]
+            )
             print(f"| {mode} | {label} | {ms(step)} | {ms(floor_step)} | {ratio} | {first} | "
-                  f"{hit_text} | {secs(floor_hit)} | {loads} |")  # fmt: skip
+                  f"{hit_text} | {secs(floor_hit)} | {loads} | {floor_loads} |")  # fmt: skip
+    print(
+        "\nLoads: the 1-minute load average at each run's start (stack runs: the range "
+        "sampled while it ran; floor runs: at its end). The benchmark itself adds about 2."
+    )
+    print(
+        "\n## CPU per step (psutil, every process of the run; the floor: its one process), "
+        "medians over repeats\n\nWhat a step costs whatever the load: on 2 idle cores the "
+        "stack's step cannot be shorter than half its CPU.\n"
+    )
+    print("| mode | code | stack CPU ms | floor CPU ms | CPU ratio | groups generated per step "
+          "| " + " | ".join(f"{role} ms" for role in ROLES) + " |")  # fmt: skip
+    print("|---" * (6 + len(ROLES)) + "|")
+    for mode in args.modes:
+        floor_cpu = median([f.cpu for f in floors[mode.startswith("lora")]])
+        for label, _, _ in trees:
+            mine = [r for r in runs if r.mode == mode and r.tree == label and r.cpu]
+            total = median([sum(r.cpu.values()) for r in mine])
+            ratio = "-" if None in (total, floor_cpu) else f"{total / floor_cpu:.1f}x"  # type: ignore[operator]
+            made = median([r.generated for r in mine if r.generated is not None])
+            made_text = "-" if made is None else f"{made:.1f}"
+            roles = [ms(median([r.cpu[role] for r in mine])) for role in ROLES]
+            print(f"| {mode} | {label} | {ms(total)} | {ms(floor_cpu)} | {ratio} | {made_text} | "
+                  + " | ".join(roles) + " |")  # fmt: skip
     print(
         "\n## Per-stage breakdown of a step, ms (medians over steps after the first "
         f"{SKIP}, then over repeats)\n"

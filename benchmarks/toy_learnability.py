@@ -82,6 +82,8 @@ class Outcome:
     equal_groups: float
     steps: int
     step_seconds: list[float]
+    step_cpu: list[float]
+    """CPU seconds of each step (this process, every thread)."""
 
 
 def round_to_bf16(model: nn.Module) -> None:
@@ -154,8 +156,9 @@ def run(setting: Setting, *, steps: int, target: float, stop: bool, verbose: boo
     equal: list[float] = []
     reached: tuple[int, float] | None = None
     step_seconds: list[float] = []
+    step_cpu: list[float] = []
     for step in range(1, steps + 1):
-        step_start = time.perf_counter()
+        step_start, cpu_start = time.perf_counter(), time.process_time()
         prompts = [task.sample(rng) for _ in range(setting.prompts)]
         ids = torch.tensor([tokenizer.encode(p.text, add_special_tokens=False) for p in prompts])
         ids = ids.repeat_interleave(setting.group_size, dim=0)
@@ -204,6 +207,7 @@ def run(setting: Setting, *, steps: int, target: float, stop: bool, verbose: boo
         if setting.dtype == "bfloat16":
             round_to_bf16(model)
         step_seconds.append(time.perf_counter() - step_start)
+        step_cpu.append(time.process_time() - cpu_start)
         if verbose and (step % 10 == 0 or step == 1):
             elapsed = time.perf_counter() - start
             print(f"  step {step:4d}  reward {rewards[-1]:.3f}  {elapsed:6.1f}s", flush=True)
@@ -218,6 +222,7 @@ def run(setting: Setting, *, steps: int, target: float, stop: bool, verbose: boo
         sum(equal[-EQUAL_WINDOW:]) / len(equal[-EQUAL_WINDOW:]),
         len(rewards),
         step_seconds,
+        step_cpu,
     )
 
 
