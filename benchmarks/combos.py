@@ -186,6 +186,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--results", type=Path, default=RESULTS / "combos_runs.jsonl")
     parser.add_argument("--markdown", type=Path, default=RESULTS / "combos.md")
     parser.add_argument("--walk", help="play this one walk (as a failure printed it)")
+    parser.add_argument(
+        "--report",
+        action="store_true",
+        help="play nothing: the table of the seeds stored (after a run cut short)",
+    )
     args = parser.parse_args(argv)
 
     # The tests' guard, outside pytest: every process a walk starts carries this session's
@@ -202,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     first, _, last = args.seeds.partition(":")
     seeds = range(int(first), int(last))
     done = load(args.results)
-    todo = [s for s in seeds if s not in done]
+    todo = [] if args.report else [s for s in seeds if s not in done]
     print(f"{len(seeds) - len(todo)} of {len(seeds)} seeds done already; {len(todo)} to play")
     lock = threading.Lock()
     began = time.monotonic()
@@ -216,8 +221,10 @@ def main(argv: list[str] | None = None) -> int:
             with lock, args.results.open("a") as out:
                 out.write(json.dumps(record.__dict__) + "\n")
     results = [r for s, r in sorted(load(args.results).items()) if s in seeds]
-    text = table(results, length=args.length, wall=time.monotonic() - began)
-    text = f"Seeds {args.seeds}, {machine()}.\n\n{text}"
+    text = table(
+        results, length=args.length, wall=None if args.report else time.monotonic() - began
+    )
+    text = f"Seeds {args.seeds} ({len(results)} played), {machine()}.\n\n{text}"
     print(text)
     write_markdown(args.markdown, text)
     return 0 if all(r.ok for r in results) else 1
