@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse, Response
 
 from grpo_trainer.api.security import SERVER_OPEN_PATHS, TokenGuard
 from grpo_trainer.serve.buckets import BucketError
+from grpo_trainer.serve.lease import LeaseMiddleware
 from grpo_trainer.serve.lora import AdapterError
 from grpo_trainer.serve.protocol import (
     ApiError,
@@ -60,8 +61,10 @@ def _validation_message(error: RequestValidationError) -> str:
 
 def create_app(service: InferenceService, api_key: str | None = None) -> FastAPI:
     """The FastAPI application over ``service``; with ``api_key`` every request but
-    ``/health`` and ``/metrics`` (what probes and scrapers read) needs it as a bearer token."""
+    ``/health`` and ``/metrics`` (what probes and scrapers read) needs it as a bearer token.
+    It keeps a lease for the run attached to it (``serve/lease.py``), behind the token."""
     app = FastAPI(title="grpo-trainer built-in inference server")
+    app.add_middleware(LeaseMiddleware)  # added first: the token guard is outside it
     if api_key is not None:
         app.add_middleware(TokenGuard, token=api_key, open_paths=SERVER_OPEN_PATHS)
 
@@ -113,6 +116,10 @@ def create_app(service: InferenceService, api_key: str | None = None) -> FastAPI
         return PlainTextResponse(
             f"Success: LoRA adapter '{request.lora_name}' removed successfully."
         )
+
+    @app.get("/server_info")
+    async def server_info() -> dict[str, Any]:
+        return service.server_info()
 
     @app.get("/v1/shared_weights")
     async def shared_weights() -> dict[str, str]:

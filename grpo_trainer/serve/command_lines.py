@@ -38,6 +38,10 @@ SGLANG_TOKEN_LAUNCH = "grpo_trainer.serve.sglang_launch"
 """Beyond loopback, SGLang is started through this module, which passes it the token."""
 VLLM_TOKEN_GUARD = "grpo_trainer.sync.vllm_guard.EnvTokenGuard"
 """vLLM's ``--middleware`` beyond loopback: the run's token on every route, dev ones too."""
+VLLM_LEASE = "grpo_trainer.serve.lease.LeaseMiddleware"
+"""vLLM's ``--middleware`` of an in-place server: the lease of a run attached to it when it
+is kept between runs (``serve/lease.py``); listed before the token guard, which vLLM then
+adds outside it."""
 
 
 class InferenceLaunch(BaseModel):
@@ -233,6 +237,8 @@ def _vllm_command(
         "processed_logprobs",
     ]
     argv += _engine_flags(settings, VLLM_FLAGS)
+    if in_place(mode, settings.none_reload):
+        argv += ["--middleware", VLLM_LEASE]
     if not is_loopback(settings.host):
         argv += ["--middleware", VLLM_TOKEN_GUARD]
     env = vllm_start_env()

@@ -18,6 +18,8 @@ from pathlib import Path
 
 from transformers import PreTrainedModel
 
+from grpo_trainer.serve.external import SHAPE_KEYS
+
 
 class AdapterError(ValueError):
     """An adapter request that cannot be honoured; ``status`` is the HTTP code to answer."""
@@ -25,18 +27,6 @@ class AdapterError(ValueError):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
         self.status = status
-
-
-SHAPE_KEYS = (
-    "model_type",
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-)
-"""What makes two model folders the same base for an adapter (their weights may differ)."""
 
 
 def _shape(config: dict[str, object]) -> dict[str, object]:

@@ -248,6 +248,35 @@ class InferenceService:
 
         await run_in_threadpool(unload)
 
+    def server_info(self) -> dict[str, Any]:
+        """``/server_info``: what a run attaching to this server needs to know, under vLLM's
+        names where vLLM has them (``vllm_config``, as vLLM's dev-mode route with
+        ``config_format=json``), so one probe reads both (``serve/external.py``)."""
+        adapters = self.engine.adapters
+        lora = None if adapters is None else {"max_lora_rank": adapters.max_rank}
+        shared = None
+        if self.shared_weights is not None:
+            shared = self.shared_weights_transport()["transport"]
+        return {
+            "vllm_config": {
+                "model_config": {
+                    "model": self.model_path,
+                    "served_model_name": self.served_model_name,
+                    "enable_sleep_mode": self.sleep.enabled,
+                    "max_model_len": self.engine.max_model_len,
+                    "hf_config": self.engine.model.config.to_dict(),
+                },
+                "lora_config": lora,
+                "parallel_config": {"data_parallel_size": len(self.replicas)},
+            },
+            "grpo_server": {
+                "backend": "builtin",
+                "device": str(self.engine.device),
+                "shared_weights": shared,
+                "rpc_methods": [RELOAD_METHOD, *BUCKET_METHODS, *RPC_METHODS],
+            },
+        }
+
     def shared_weights_transport(self) -> dict[str, str]:
         """How a trainer reaches the shared weights: CUDA IPC, or the file's directory."""
         if self.shared_weights is None:
@@ -283,6 +312,7 @@ class InferenceService:
                     reload_from_disk(engine.model, Path(path))
                 except (OSError, ValueError) as error:
                     raise ApiError(f"{RELOAD_METHOD}: {error}") from None
+        self.model_path = path  # what it serves now (vLLM's model_config.model moves too)
         return [None] * len(self.replicas)
 
     def _bucket_rpc(self, request: RpcRequest) -> Any:

@@ -30,6 +30,7 @@ from serve_helpers import free_port
 
 from grpo_trainer.serve.command_lines import (
     SGLANG_TOKEN_LAUNCH,
+    VLLM_LEASE,
     VLLM_TOKEN_GUARD,
     inference_command,
 )
@@ -44,7 +45,8 @@ DEV_ROUTES = ("/pause", "/resume", "/collective_rpc", "/sleep", "/update_weights
 
 
 def vllm_like_app() -> FastAPI:
-    """vLLM's routes that matter here, with the guard added as ``build_app`` adds it."""
+    """vLLM's routes that matter here, with our middlewares added as ``build_app`` adds
+    each ``--middleware`` class: the lease, then the guard (outermost)."""
     app = FastAPI()
     for path in ("/health", "/metrics", "/v1/models"):
         app.add_api_route(path, lambda: {"ok": True}, methods=["GET"])
@@ -57,8 +59,9 @@ def vllm_like_app() -> FastAPI:
         await socket.send_text("open")
         await socket.close()
 
-    module_path, name = VLLM_TOKEN_GUARD.rsplit(".", 1)
-    app.add_middleware(getattr(importlib.import_module(module_path), name))
+    for dotted in (VLLM_LEASE, VLLM_TOKEN_GUARD):  # the command's order, added as vLLM does
+        module_path, name = dotted.rsplit(".", 1)
+        app.add_middleware(getattr(importlib.import_module(module_path), name))
     return app
 
 
@@ -126,6 +129,16 @@ def test_vllm_guard_refuses_a_websocket_without_the_token(
             assert socket.receive_text() == "open"
 
 
+def test_vllm_keeps_a_lease_behind_the_guard(vllm_like_server: str) -> None:
+    lease = f"{vllm_like_server}/grpo/lease"
+    assert httpx.get(lease, timeout=10).status_code == 401
+    bearer = {"Authorization": f"Bearer {KEY}"}
+    body = {"holder": "h:/runs/a", "label": "run a", "ttl": 30}
+    assert httpx.post(lease, json=body, headers=bearer, timeout=10).status_code == 200
+    assert httpx.get(lease, headers=bearer, timeout=10).json()["holder"] == "h:/runs/a"
+    assert httpx.get(f"{vllm_like_server}/health", timeout=10).status_code == 200
+
+
 def test_vllm_guard_without_a_token_refuses_to_serve(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     module_path, name = VLLM_TOKEN_GUARD.rsplit(".", 1)
@@ -134,14 +147,20 @@ def test_vllm_guard_without_a_token_refuses_to_serve(monkeypatch: pytest.MonkeyP
         guard(FastAPI())
 
 
+def middlewares(argv: list[str]) -> list[str]:
+    """The ``--middleware`` classes of a vLLM command, in the order vLLM adds them (each
+    added later wraps the ones before: the last is outermost)."""
+    return [argv[i + 1] for i, arg in enumerate(argv) if arg == "--middleware"]
+
+
 def test_vllm_command_adds_the_guard_beyond_loopback_only() -> None:
     for mode in ("none", "shared_vllm", "lora_only", "colocate"):
         wide = inference_command(
             InferenceSettings(backend="vllm", host="0.0.0.0"), mode=mode, model="/m"
         ).argv
-        assert wide[wide.index("--middleware") + 1] == VLLM_TOKEN_GUARD, mode
+        assert middlewares(wide) == [VLLM_LEASE, VLLM_TOKEN_GUARD], mode  # the guard outside
         local = inference_command(InferenceSettings(backend="vllm"), mode=mode, model="/m").argv
-        assert "--middleware" not in local, mode
+        assert middlewares(local) == [VLLM_LEASE], mode
 
 
 def test_cluster_plan_guards_vllm_and_keeps_the_token_off_every_command(tmp_path: Path) -> None:
@@ -149,7 +168,7 @@ def test_cluster_plan_guards_vllm_and_keeps_the_token_off_every_command(tmp_path
     specs = {spec.name: spec for spec in plan.specs}
     token = specs["inference"].env["VLLM_API_KEY"]
     served = specs["inference"].command
-    assert served[served.index("--middleware") + 1] == VLLM_TOKEN_GUARD
+    assert middlewares(served)[-1] == VLLM_TOKEN_GUARD
     assert "--api-key" not in served
     for spec in plan.specs:
         assert not any(token in part for part in spec.command), spec.name
