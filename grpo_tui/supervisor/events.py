@@ -65,6 +65,8 @@ class ProcessPlanned(Event):
     role: str
     port: int | None
     command: tuple[str, ...]
+    external: str | None = None
+    """The URL of a process that is not ours (the command attaches to it)."""
 
 
 @dataclass(frozen=True, kw_only=True)

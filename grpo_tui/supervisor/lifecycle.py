@@ -171,5 +171,9 @@ class ProcessLife(ProcessRecord):
 def planned(spec: ProcessSpec) -> ProcessPlanned:
     """The event that says what a process will run (``events.jsonl`` starts with these)."""
     return ProcessPlanned(
-        process=spec.name, role=spec.role, port=spec.port, command=tuple(spec.command)
+        process=spec.name,
+        role=spec.role,
+        port=spec.port,
+        command=tuple(spec.command),
+        external=spec.external.url if spec.external is not None else None,
     )

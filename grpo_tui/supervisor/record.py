@@ -50,6 +50,10 @@ class ProcessStatus:
     last_reason: str
     incarnation: int
     """How many times it became ready in this run: the number of the ready one."""
+    external: str | None = None
+    """The URL of a process that is not ours (``spec.External``): no pid, never signalled."""
+    down_since: float | None = None
+    """When it last stopped being ready (None while ready, and before it first was)."""
 
 
 def port_held(spec: ProcessSpec) -> str | None:
@@ -106,6 +110,7 @@ class ProcessRecord:
         """Restarts by the restart policy in this run (never reset)."""
         self.started_at: float | None = None
         self.ready_at = 0.0  # when it last became ready (its counters start before)
+        self.down_since: float | None = None  # when it last stopped being ready
         self.incarnation = 0  # how many times it became ready
         self.exit_code: int | None = None
         self.last_reason = ""
@@ -150,6 +155,8 @@ class ProcessRecord:
             health=self.health,
             exit_code=self.exit_code,
             last_reason=self.last_reason,
+            external=self.spec.external.url if self.spec.external is not None else None,
+            down_since=self.down_since,
         )
 
     async def until(self, predicate: Callable[[], bool], *others: ProcessRecord) -> None:
@@ -205,6 +212,9 @@ class ProcessRecord:
         if self.ready and not was_ready:
             self.ready_at = self.hooks.clock.now()
             self.incarnation += 1
+            self.down_since = None
+        elif was_ready and not self.ready:
+            self.down_since = self.hooks.clock.now()
         self.last_reason = reason or self.last_reason
         if exit_code is not None:
             self.exit_code = exit_code

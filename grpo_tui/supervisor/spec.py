@@ -156,6 +156,21 @@ class Shutdown(Strict):
         return signal.Signals[self.signal]
 
 
+class External(Strict):
+    """A process that is not ours, at ``url`` (a server attached by URL): the supervisor
+    never spawns, stops or signals it (``external.py``).
+
+    The spec's ``command`` then attaches to it: it is run at each start (and each time the
+    process is back after a loss), and its readiness probe says when it is attached.
+    ``detach``, when given, is run to completion when the run ends and lets it go (not on
+    a restart or a loss), within the spec's shutdown timeout, whatever the attach command
+    got to (it may have been stopped halfway).
+    """
+
+    url: str
+    detach: list[str] | None = Field(None, min_length=1)
+
+
 class ProcessSpec(Strict):
     """One child process: how to start it, when it is ready, how to keep it and stop it.
 
@@ -170,7 +185,8 @@ class ProcessSpec(Strict):
     ``prestart``): while it runs, one more incarnation waits at its gate, imports done, for
     the next start (``grpo_tui.supervisor.standby``). ``progress`` asks it for a little
     work when it has done none for a while (:class:`ProgressProbe`); it runs beside
-    ``liveness`` once the process is ready.
+    ``liveness`` once the process is ready. ``external``: a process that is not ours, which
+    ``command`` attaches to (:class:`External`).
     """
 
     name: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
@@ -190,6 +206,7 @@ class ProcessSpec(Strict):
     shutdown: Shutdown = Field(default_factory=Shutdown)
     prestart: bool = False
     standby: bool = False
+    external: External | None = None
 
     @model_validator(mode="after")
     def _not_self_dependent(self) -> ProcessSpec:
@@ -203,4 +220,11 @@ class ProcessSpec(Strict):
             raise ValueError(
                 f"process {self.name!r}: standby needs prestart (a standby waits at its start gate)"
             )
+        if self.external is not None:
+            ours = [key for key in ("port", "slurm_step") if getattr(self, key) is not None]
+            ours += [key for key in ("prestart", "standby") if getattr(self, key)]
+            if ours:
+                raise ValueError(
+                    f"process {self.name!r} is external (not ours): no {', '.join(ours)}"
+                )
         return self

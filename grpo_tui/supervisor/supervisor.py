@@ -22,12 +22,14 @@ from grpo_tui.supervisor import graph
 from grpo_tui.supervisor.bus import Subscription
 from grpo_tui.supervisor.control import ControlEndpoint
 from grpo_tui.supervisor.events import Event, State
+from grpo_tui.supervisor.external import ExternalChild
 from grpo_tui.supervisor.journal import Journal
 from grpo_tui.supervisor.lifecycle import ProcessLife, planned
 from grpo_tui.supervisor.logs import OutputSink
 from grpo_tui.supervisor.needs import NeedWatch, OnNeededFailure
 from grpo_tui.supervisor.outcome import RunEnd, RunOutcome
 from grpo_tui.supervisor.probes import HttpProber
+from grpo_tui.supervisor.process import Child
 from grpo_tui.supervisor.record import Hooks, ProcessRecord, ProcessStatus
 from grpo_tui.supervisor.requests import RequestHandler, RequestHandlers, process_operations
 from grpo_tui.supervisor.resources import RunResources
@@ -105,7 +107,7 @@ class Supervisor:
         hooks = Hooks(
             publish=self._journal.publish,
             closing=lambda: self._end.closing,
-            spawn=self._resources.spawn,
+            spawn=self._spawn,
             prober=HttpProber(self._resources.client),
             flush_logs=self._journal.flush_logs,
             changed=self._changed,
@@ -370,6 +372,14 @@ class Supervisor:
         self._end.changed(life, self._lives.values())
         if not self._end.closing:
             self._needs.changed()
+
+    async def _spawn(self, spec: ProcessSpec, sink: OutputSink, tag: str | None = None) -> Child:
+        """A life's spawn: one of our processes, or an attachment to an external one
+        (``external.py``: its attach command is ours, the process is not)."""
+        if spec.external is None:
+            return await self._resources.spawn(spec, sink, tag)
+        closing = lambda: self._end.closing  # noqa: E731 (read at the stop, not now)
+        return await ExternalChild.attach(spec, sink, self._resources.spawn, closing)
 
     def _specs(self) -> list[ProcessSpec]:
         """The current specs, in the order they were given."""

@@ -22,6 +22,13 @@ from grpo_tui.supervisor.samplers import Samplers, Scrape
 SAMPLE_INTERVAL = 2.0
 
 
+def instance(life: ProcessRecord) -> int:
+    """What tells one server instance from the next: its pid, or for an external one (no
+    pid of ours) its incarnation, negated so that it never equals a pid."""
+    pid = life.child.pid if life.child is not None else None
+    return pid if pid is not None else -life.incarnation
+
+
 async def sample_forever(
     lives: Mapping[str, ProcessRecord],
     client: asyncio.Future[httpx.AsyncClient],
@@ -33,10 +40,10 @@ async def sample_forever(
         running = {
             name: life.child
             for name, life in lives.items()
-            if life.child is not None and life.running
+            if life.child is not None and life.running and life.child.pid is not None
         }
         scrape = {
-            name: Scrape(life.spec.metrics_url, life.child.pid, life.ready_at)
+            name: Scrape(life.spec.metrics_url, instance(life), life.ready_at)
             for name, life in lives.items()
             if life.spec.metrics_url and life.ready and life.child is not None
         }
