@@ -271,8 +271,21 @@ def _log_tail(run_dir: Path, process: str, lines: int = LOG_TAIL_LINES) -> list[
 class HeadlessRun:
     """One supervised run without a UI; ``run()`` returns the process exit status."""
 
-    def __init__(self, plan: Plan, *, json_lines: bool = False, echo_logs: bool = False) -> None:
+    def __init__(
+        self,
+        plan: Plan,
+        *,
+        json_lines: bool = False,
+        echo_logs: bool = False,
+        until_stopped: bool = False,
+        when_ready: tuple[str, str] | None = None,
+    ) -> None:
         self.plan = plan
+        self.until_stopped = until_stopped
+        """A run meant to last until it is stopped (``grpo-tui serve``): a signal's ordered
+        stop is its normal end, exit 0."""
+        self.when_ready = when_ready
+        """``(process, line)``: the line said each time that process becomes ready."""
         self.supervisor: Supervisor | None = None
         stdout = SafeStream(sys.stdout, on_close=lambda why: self._output_closed("stdout", why))
         self.json = JsonLines(stdout) if json_lines else None
@@ -289,7 +302,8 @@ class HeadlessRun:
         stack = GrpoStack.from_plan(self.plan)  # answers the GRPO requests of the socket
         supervisor = stack.supervisor
         self.console.print(
-            f"[bold]grpo-tui run[/] {escape(str(self.plan.profile.path))} -> "
+            f"[bold]grpo-tui {'serve' if self.until_stopped else 'run'}[/] "
+            f"{escape(str(self.plan.profile.path))} -> "
             f"{escape(str(run_dir))} (mode {self.plan.roles.mode}, "
             f"exit_with {self.plan.exit_with or '-'})",
             highlight=False,
@@ -315,7 +329,9 @@ class HeadlessRun:
             subscription.close()
             await consumer
         self.report.metrics_line()
-        code = outcome.exit_code if self.signalled is None else 128 + self.signalled
+        code = outcome.exit_code
+        if self.signalled is not None:
+            code = 0 if self.until_stopped else 128 + self.signalled
         self._summary(supervisor, code, outcome.reason)
         return code
 
@@ -340,6 +356,14 @@ class HeadlessRun:
         sink: JsonLines | ConsoleReport = self.json or self.report
         async for event in subscription:
             sink.handle(event)
+            if self._became_ready(event) and self.when_ready is not None:
+                self.console.print(f"[bold green]{escape(self.when_ready[1])}[/]", soft_wrap=True)
+
+    def _became_ready(self, event: Event) -> bool:
+        """``event`` makes the ``when_ready`` process ready."""
+        if self.when_ready is None or not isinstance(event, StateChanged):
+            return False
+        return event.process == self.when_ready[0] and event.new is State.READY
 
     async def _metrics_ticker(self) -> None:
         while True:
@@ -366,6 +390,7 @@ class HeadlessRun:
         )
         for name, status in supervisor.status().items():
             extra = f", exit {status.exit_code}" if status.exit_code is not None else ""
+            extra += f", external at {status.external}" if status.external else ""
             restarts = f", {status.restarts} restarts" if status.restarts else ""
             why = f" - {escape(status.last_reason)}" if status.last_reason else ""
             style = STATE_STYLES.get(status.state, "")
@@ -376,7 +401,22 @@ class HeadlessRun:
         self.console.print(f"run dir: {escape(str(run_dir))}")
 
 
-def run_headless(plan: Plan, *, json_lines: bool = False, echo_logs: bool = False) -> int:
-    """Create the run directory and supervise the plan to the end; returns the exit status."""
+def run_headless(
+    plan: Plan,
+    *,
+    json_lines: bool = False,
+    echo_logs: bool = False,
+    until_stopped: bool = False,
+    when_ready: tuple[str, str] | None = None,
+) -> int:
+    """Create the run directory and supervise the plan to the end; returns the exit status
+    (see :class:`HeadlessRun` for ``until_stopped`` and ``when_ready``)."""
     write_run_dir(plan)
-    return asyncio.run(HeadlessRun(plan, json_lines=json_lines, echo_logs=echo_logs).run())
+    run = HeadlessRun(
+        plan,
+        json_lines=json_lines,
+        echo_logs=echo_logs,
+        until_stopped=until_stopped,
+        when_ready=when_ready,
+    )
+    return asyncio.run(run.run())

@@ -121,7 +121,7 @@ def load_run(run_dir: Path, *, max_log_lines: int = 5000) -> tuple[RunState, int
     for event in events:
         if isinstance(event, ev.ProcessPlanned):
             row = state.process(event.process)
-            row.role, row.port = event.role, event.port
+            row.role, row.port, row.external = event.role, event.port, event.external
         state.apply(event)
     if events:
         state.finished_at = events[-1].t
@@ -188,7 +188,7 @@ class RunFollower:
                 continue
             if isinstance(event, ev.ProcessPlanned):
                 row = self.state.process(event.process)
-                row.role, row.port = event.role, event.port
+                row.role, row.port, row.external = event.role, event.port, event.external
             self.state.apply(event)
             applied += 1
         for line in self._new_lines(self.run_dir / "metrics.jsonl"):

@@ -86,6 +86,8 @@ class ProcessRow:
     restarts: int = 0
     health: str | None = None
     port: int | None = None
+    external: str | None = None
+    """The URL of a process that is not ours (a server attached by URL): no pid."""
     exit_code: int | None = None
     last_reason: str = ""
     cpu_percent: float | None = None
@@ -305,6 +307,7 @@ class RunState:
             row.restarts = status.restarts
             row.health = status.health
             row.port = status.port
+            row.external = getattr(status, "external", None)
             row.exit_code = status.exit_code
             row.last_reason = status.last_reason or ""
 

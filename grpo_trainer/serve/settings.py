@@ -19,6 +19,7 @@ import os
 import sys
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
@@ -72,12 +73,46 @@ GpuIndices = Annotated[list[Annotated[int, Field(ge=0)]], AfterValidator(_distin
 """Physical GPU indices (as ``nvidia-smi`` numbers them), at least one, no repeats."""
 
 
+def _server_root(value: str) -> str:
+    """``http(s)://host[:port]``, the root a server's ``/health`` and ``/v1`` hang off."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"must be http://host:port (or https://), got {value!r}")
+    if parts.path.strip("/") or parts.query or parts.fragment:
+        raise ValueError(f"must be the server's root, without a path (no /v1), got {value!r}")
+    try:
+        parts.port  # noqa: B018 (raises on a port that is not a number)
+    except ValueError as error:
+        raise ValueError(f"{error}: {value!r}") from None
+    return value.rstrip("/")
+
+
+ServerRoot = Annotated[str, AfterValidator(_server_root)]
+
+
 class InferenceSettings(BaseModel):
     """How to run the inference server; field names follow vLLM's flags."""
 
     model_config = ConfigDict(extra="forbid")
 
     backend: Backend = "builtin"
+    url: ServerRoot | None = Field(
+        default=None,
+        description=(
+            "attach to this running server (vLLM, SGLang or the built-in one; `grpo-tui "
+            "serve` keeps one) instead of starting one: the run starts none, never stops it, "
+            "resets it to the base at its start and end, and holds its lease while it runs"
+        ),
+    )
+    lease_ttl: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description=(
+            "with url: seconds the run's lease on the server lasts unless renewed (every "
+            "third of it); a run that crashed frees the server after this long"
+        ),
+    )
     host: str = "127.0.0.1"
     port: int = Field(default=9001, ge=1, le=65535)
     served_model_name: str = Field(default="policy", min_length=1)
@@ -235,8 +270,14 @@ class InferenceSettings(BaseModel):
 
     @property
     def base_url(self) -> str:
-        """Root URL of the server (``/health``, ``/v1/...`` hang off it)."""
-        return f"http://{self.host}:{self.port}"
+        """Root URL of the server (``/health``, ``/v1/...`` hang off it): ``url`` when the
+        run attaches to a running one."""
+        return self.url or f"http://{self.host}:{self.port}"
+
+    @property
+    def external(self) -> bool:
+        """The run attaches to a server it does not own (``url``)."""
+        return self.url is not None
 
     def base_model_name(self, mode: str) -> str:
         """The name the base model is served under in ``mode``."""

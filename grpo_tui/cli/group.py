@@ -67,6 +67,18 @@ ModeOption = Annotated[
 ]
 
 
+InferenceUrlOption = Annotated[
+    str | None,
+    typer.Option(
+        "--inference-url",
+        help=(
+            "Attach to the inference server running at this URL (vLLM, SGLang or `grpo-tui "
+            "serve`'s) instead of starting one; sets inference.url."
+        ),
+    ),
+]
+
+
 ThresholdOption = Annotated[
     float,
     typer.Option("--threshold", help="Reward (5-step mean of reward/mean) to time each run to."),

@@ -16,11 +16,17 @@ DEFAULT_PROFILE = Path("profiles/quickstart.toml")
 
 
 def load_plan(
-    profile: Path, mode: str | None, *, run_dir: Path | None = None, in_job: bool = False
+    profile: Path,
+    mode: str | None,
+    *,
+    inference_url: str | None = None,
+    run_dir: Path | None = None,
+    in_job: bool = False,
 ) -> tuple[Profile, Plan]:
-    """Load and plan a profile. ``in_job``: a cluster profile gets the current Slurm job's
-    nodes, and the command fails (exit 2) outside a job or on a smaller one."""
-    loaded = load_profile(profile, mode=mode)
+    """Load and plan a profile (``inference_url``: attach to that server). ``in_job``: a
+    cluster profile gets the current Slurm job's nodes, and the command fails (exit 2)
+    outside a job or on a smaller one."""
+    loaded = load_profile(profile, mode=mode, inference_url=inference_url)
     allocation = None
     if in_job and loaded.table("cluster") and loaded.data["cluster"].get("engine") == "slurm":
         allocation = current_allocation(loaded)

@@ -50,13 +50,17 @@ def _describe_spec(index: int, spec: ProcessSpec) -> list[str]:
     if policy != "no":
         policy += f" (max {restart.max_restarts}, backoff {restart.backoff_base:g}s x"
         policy += f"{restart.backoff_factor:g} cap {restart.backoff_cap:g}s)"
-    lines = [
-        f"{index}. {spec.name} [{spec.role}]",
+    lines = [f"{index}. {spec.name} [{spec.role}]"]
+    if (external := spec.external) is not None:
+        lines.append(f"   external:   {external.url} (attached: never started, stopped, signalled)")
+    lines += [
         f"   command:    {shlex.join(_masked(spec.command))}",
         f"   depends_on: {deps or '-'}"
         + (" (spawned at once, waits at its start gate)" if spec.prestart and deps else ""),
         f"   readiness:  {describe_probe(spec.readiness)}",
     ]
+    if spec.external is not None and spec.external.detach:
+        lines.append(f"   detach:     {shlex.join(spec.external.detach)} (at the run's end)")
     if spec.liveness is not None:
         lines.append(f"   liveness:   {describe_probe(spec.liveness)}")
     if (progress := spec.progress) is not None:

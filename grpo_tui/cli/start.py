@@ -11,7 +11,15 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from grpo_tui.cli.group import DEFAULT_COMMAND, EXIT_BAD_INPUT, ModeOption, app, err_console, fail
+from grpo_tui.cli.group import (
+    DEFAULT_COMMAND,
+    EXIT_BAD_INPUT,
+    InferenceUrlOption,
+    ModeOption,
+    app,
+    err_console,
+    fail,
+)
 from grpo_tui.cli.loading import DEFAULT_PROFILE, default_profile, load_plan, preflight_or_exit
 from grpo_tui.cli.plan_text import print_plan
 from grpo_tui.plan.profile import ProfileError
@@ -24,12 +32,13 @@ def tui(
         Path | None, typer.Argument(help=f"Profile TOML (default: {DEFAULT_PROFILE}).")
     ] = None,
     mode: ModeOption = None,
+    inference_url: InferenceUrlOption = None,
 ) -> None:
     """Open the dashboard on a profile (the default command); headless when stdout is not a
     terminal (a pipe, a file, a batch job), as ``grpo-tui run``."""
     path = default_profile(profile)
     try:
-        loaded, plan = load_plan(path, mode)
+        loaded, plan = load_plan(path, mode, inference_url=inference_url)
     except ProfileError as error:
         raise fail(error) from None
     preflight_or_exit(plan)
@@ -41,13 +50,14 @@ def tui(
     prefer_quick_escape()
     from grpo_tui.app import run_app
 
-    raise typer.Exit(run_app(loaded, mode=mode) or 0)
+    raise typer.Exit(run_app(loaded) or 0)
 
 
 @app.command()
 def check(
     profile: Annotated[Path, typer.Argument(help="Profile TOML to validate.")],
     mode: ModeOption = None,
+    inference_url: InferenceUrlOption = None,
     profile_only: Annotated[
         bool,
         typer.Option(
@@ -59,9 +69,9 @@ def check(
 ) -> None:
     """Validate a profile and print the resolved process plan (or every problem), with what
     this machine would refuse at start: a task that does not load, an executable not found,
-    a port in use."""
+    a port in use, an inference url that does not answer or lacks what the run needs."""
     try:
-        loaded, plan = load_plan(profile, mode)
+        loaded, plan = load_plan(profile, mode, inference_url=inference_url)
     except ProfileError as error:
         raise fail(error) from None
     if not profile_only:
@@ -73,6 +83,7 @@ def check(
 def run(
     profile: Annotated[Path, typer.Argument(help="Profile TOML to run.")],
     mode: ModeOption = None,
+    inference_url: InferenceUrlOption = None,
     json_lines: Annotated[
         bool, typer.Option("--json", help="Print every event as a JSON line on stdout.")
     ] = False,
@@ -89,7 +100,13 @@ def run(
         err_console().print(f"[bold red]error[/] --run-dir {escape(str(run_dir))}: already exists")
         raise typer.Exit(EXIT_BAD_INPUT)
     try:
-        _, plan = load_plan(profile, mode, run_dir=run_dir and run_dir.resolve(), in_job=True)
+        _, plan = load_plan(
+            profile,
+            mode,
+            inference_url=inference_url,
+            run_dir=run_dir and run_dir.resolve(),
+            in_job=True,
+        )
     except ProfileError as error:
         raise fail(error) from None
     preflight_or_exit(plan)

@@ -28,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from grpo_trainer.envs.settings import BUILTIN_TASKS
+from grpo_tui.plan.external import probe_problems
 from grpo_tui.plan.profile import Problem
 from grpo_tui.plan.roles import Plan
 from grpo_tui.plan.settings import RoleSettings, env_index
@@ -62,6 +63,7 @@ def preflight(plan: Plan) -> list[Problem]:
     problems = [*_task_problems(plan), *_path_problems(plan)]
     problems += [p for spec in local if (p := _executable_problem(plan, spec)) is not None]
     problems += [p for spec in local if (p := _port_problem(plan, spec)) is not None]
+    problems += probe_problems(plan.roles.settings, plan.roles.mode)  # an inference url's
     return problems
 
 

@@ -210,10 +210,13 @@ def _syntax_line(error: tomllib.TOMLDecodeError) -> int | None:
     return int(found.group(1)) if found else None
 
 
-def load_profile(path: Path | str, *, mode: str | None = None) -> Profile:
+def load_profile(
+    path: Path | str, *, mode: str | None = None, inference_url: str | None = None
+) -> Profile:
     """Read and check a profile's syntax, top-level keys and ``[run]`` table.
 
-    ``mode`` overrides ``run.mode`` (the command line's ``--mode``). Role tables and
+    ``mode`` overrides ``run.mode`` (the command line's ``--mode``), ``inference_url`` sets
+    ``inference.url`` (``--inference-url``: attach to a running server). Role tables and
     processes are checked when the role layer builds the plan. Raises ``ProfileError``.
     """
     path = Path(path)
@@ -231,6 +234,8 @@ def load_profile(path: Path | str, *, mode: str | None = None) -> Profile:
         raise ProfileError([Problem(name, "", _syntax_line(error), f"TOML: {message}")]) from None
     lines = KeyLines(text)
     problems: list[Problem] = []
+    if inference_url is not None and isinstance(data.get("inference", {}), dict):
+        data["inference"] = {**data.get("inference", {}), "url": inference_url}
 
     def at(key: KeyPath, message: str) -> Problem:
         return Problem(name, format_key(key), lines.line(key), message)

@@ -24,6 +24,7 @@ from grpo_trainer.serve.capabilities import switch_restarts_inference
 from grpo_trainer.serve.settings import InferenceSettings
 from grpo_tui.plan.checks import memory_fit, read_adjustments, read_settings
 from grpo_tui.plan.cluster import Allocation, ClusterSettings, Placed
+from grpo_tui.plan.external import restart_problems
 from grpo_tui.plan.overrides import Overrides, edit_reasons, edited, in_force, respecified
 from grpo_tui.plan.placement import GpuPlan
 from grpo_tui.plan.process_tables import check_graph, validate_process_tables
@@ -206,17 +207,22 @@ class Plan:
     def mode_switch(self, mode: str) -> SwitchPlan:
         """What a switch of this run to ``mode`` restarts, each with the reason: inference
         where its engine needs it (``capabilities.switch_restarts_inference``), the trainer
-        unless it is one local process (which switches in place)."""
+        unless it is one local process (which switches in place). Raises ``ValueError`` for
+        a mode the run cannot use (one that restarts a server it attaches to)."""
         roles = self.roles
         if roles.inference is None:
             return SwitchPlan(inference="this run has no inference role", trainer=None)
+        if refused := restart_problems(roles.settings, mode):
+            raise ValueError(refused[0].message)
         trainer = None
         if roles.settings.trainer_ranks > 1 or roles.cluster.slurm:
             trainer = "a trainer of several ranks or on a cluster restarts into a new mode"
-        return SwitchPlan(
-            inference=switch_restarts_inference(roles.inference, roles.mode, mode),
-            trainer=trainer,
-        )
+        # A server the run attaches to keeps what it has: a switch never restarts it (a
+        # mode it cannot serve fails the trainer's switch, which says why).
+        inference = None
+        if not roles.inference.external:
+            inference = switch_restarts_inference(roles.inference, roles.mode, mode)
+        return SwitchPlan(inference=inference, trainer=trainer)
 
     def edit(self, values: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, ProcessSpec]]:
         """The supervisor's ``edit`` callback: a live edit validated, kept and written
@@ -240,6 +246,7 @@ def build_plan(
     problems = [*settings.problems, *topology.gpu_plan.problems]
     if not problems:
         problems += memory_fit(settings, mode)
+        problems += restart_problems(settings, mode)
     adjustments, found = read_adjustments(profile, settings.roles)
     problems += found
     if settings.cluster.slurm and not problems:

@@ -128,6 +128,8 @@ class RoleSettings:
     @property
     def inference_url(self) -> str:
         inference = self.inference or InferenceSettings()
+        if inference.url is not None:  # a server the run attaches to, wherever it is
+            return inference.url
         return self._url("inference", inference.port, inference.base_url)
 
     @property

@@ -9,11 +9,14 @@ Torch-free: ``grpo-tui check`` prints these specs.
 
 from __future__ import annotations
 
+import re
+import socket
 import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from grpo_trainer.api.settings import TOKEN_ENV
+from grpo_trainer.serve.attach import ATTACHED
 from grpo_trainer.serve.capabilities import restarts_inference
 from grpo_trainer.serve.command_lines import inference_command
 from grpo_trainer.serve.settings import InferenceSettings, request_model_name
@@ -25,6 +28,7 @@ from grpo_tui.plan.topology import Topology
 from grpo_tui.supervisor.spec import (
     Condition,
     Dependency,
+    External,
     HttpProbe,
     LogLineProbe,
     Need,
@@ -63,6 +67,14 @@ GENERATION_IDLE = 60.0
 """Seconds without a completed request or a generated token before inference is asked for
 one token; the ask waits 30 s, twice in a row before a restart: a paused engine (a weight
 sync, a reload in place) answers well within that, a stuck scheduler never does."""
+
+ATTACH_MODULE = "grpo_trainer.serve.attach"
+EXTERNAL_PATIENCE = 180
+"""Attach attempts in a row before a run gives up on an external server that went away:
+with attempts every 5 s at most (``backoff_cap``) and the attach command's own 10 s wait
+for ``/health``, about as long as the trainer waits for inference (``DOWN_WAIT``, 900 s)."""
+DETACH_TIMEOUT = 300.0
+"""Seconds the detach command (the base reloaded in place) may take at the run's end."""
 
 HEALTHY = Dependency(condition=Condition.HEALTHY)
 STARTED = Dependency(condition=Condition.STARTED)
@@ -105,8 +117,11 @@ def api_spec(settings: RoleSettings, topology: Topology, overrides: Overrides) -
 
 
 def inference_spec(settings: RoleSettings, topology: Topology, overrides: Overrides) -> ProcessSpec:
-    """The inference server in the overrides' mode, serving their model and adapter."""
+    """The inference server in the overrides' mode, serving their model and adapter; or,
+    with ``[inference] url``, the server the run attaches to (:func:`external_spec`)."""
     served = require(settings.inference)
+    if served.url is not None:
+        return external_spec(settings, overrides)
     command = inference_command(
         served,
         mode=overrides.mode,
@@ -139,18 +154,60 @@ def inference_spec(settings: RoleSettings, topology: Topology, overrides: Overri
     )
 
 
+def lease_holder(settings: RoleSettings) -> tuple[str, str]:
+    """The run's lease holder id on a kept server (its host and run directory: unique to
+    the run) and how a refusal names it."""
+    host = socket.gethostname()
+    return f"{host}:{settings.run_dir}", f"run {settings.run_dir.name} on {host}"
+
+
+def external_spec(settings: RoleSettings, overrides: Overrides) -> ProcessSpec:
+    """A server the run attaches to by URL and never starts, stops or signals
+    (``grpo_tui/supervisor/external.py``). Attaching (the spec's command, at each start
+    and whenever the server is back after a loss) takes the run's lease and, at the run's
+    first attach, resets the server to the run's base; detaching at the run's end leaves it
+    serving the base and lets the lease go (``grpo_trainer/serve/attach.py``). Its
+    liveness probe is quick (a lost server is seen within seconds); the restart policy's
+    attempts are how long the run waits for it to come back."""
+    served = require(settings.inference)
+    url = served.base_url
+    holder, label = lease_holder(settings)
+    module = [sys.executable, "-m", ATTACH_MODULE]
+    base = ["--holder", holder, "--base", settings.model_path]
+    attach = [*module, "attach", url, *base, "--label", label, "--ttl", f"{served.lease_ttl:g}"]
+    return ProcessSpec(
+        name="inference",
+        role="inference",
+        command=attach,
+        env=token_env(settings),
+        metrics_url=f"{url}/metrics",
+        external=External(url=url, detach=[*module, "detach", url, *base]),
+        depends_on=_model_deps(settings),
+        readiness=LogLineProbe(pattern=re.escape(ATTACHED), period=0.2),
+        liveness=HttpProbe(url=f"{url}/health", period=1, timeout=2, failure_threshold=2),
+        progress=generation_probe(settings, overrides.mode),
+        restart=RestartPolicy(
+            policy="always", backoff_base=1.0, backoff_cap=5.0, max_restarts=EXTERNAL_PATIENCE
+        ),
+        shutdown=Shutdown(timeout=DETACH_TIMEOUT),
+    )
+
+
 def generation_probe(settings: RoleSettings, mode: str) -> ProgressProbe | None:
     """Inference is healthy only if it generates: its ``/health`` still answers when its
     scheduler is stuck (peers report vLLM's missing a deadlocked one). Once nothing was
-    generated for ``GENERATION_IDLE`` s, a one-token completion of the base model. None in
-    ``colocate``, whose engine sleeps by design while the trainer steps."""
+    generated for ``GENERATION_IDLE`` s, a one-token completion of the base model (of a
+    server the run attaches to, whatever name it serves the base under: no ``model``,
+    which vLLM, SGLang and the built-in server take as the base). None in ``colocate``,
+    whose engine sleeps by design while the trainer steps."""
     if mode == "colocate":
         return None
     served = require(settings.inference)
+    named = {} if served.external else {"model": served.base_model_name(mode)}
     return ProgressProbe(
         url=f"{settings.inference_url}/v1/completions",
         body={
-            "model": served.base_model_name(mode),
+            **named,
             "prompt": [0],
             "max_tokens": 1,
             "temperature": 0.0,
@@ -243,14 +300,20 @@ def role_spec(
     return env_spec(settings, topology, overrides, name)
 
 
+PROBES = ("readiness", "liveness", "progress")
+
+
 def adjusted(spec: ProcessSpec, adjustment: Mapping[str, Any] | None) -> ProcessSpec:
-    """``spec`` with its ``[process.<name>]`` table applied (env and depends_on merge)."""
+    """``spec`` with its ``[process.<name>]`` table applied (env and depends_on merge; a
+    probe set to ``false`` is turned off)."""
     if not adjustment:
         return spec
     merged = spec.model_dump()
     for key, value in adjustment.items():
         if key in ("env", "depends_on") and isinstance(value, dict):
             merged[key] = {**merged[key], **value}
+        elif key in PROBES and value is False:
+            merged[key] = None
         else:
             merged[key] = value
     return ProcessSpec.model_validate(merged)
@@ -280,8 +343,8 @@ def _loads_alongside(settings: RoleSettings, trainer_device: str) -> bool:
     memory free while it starts (vLLM with ``--kv-cache-memory-bytes``, the built-in
     server). On a cluster it waits for inference's health, as before."""
     served = settings.inference
-    if served is None or settings.cluster.slurm:
-        return False
+    if served is None or settings.cluster.slurm or served.external:
+        return False  # (an external server is attached, and reset, before it is ready)
     if not trainer_device.startswith("cuda") or not served.sizes_kv_from_free_memory:
         return True
     pinned = set(settings.trainer_gpus), set(served.gpus or ())

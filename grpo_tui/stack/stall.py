@@ -82,12 +82,28 @@ def process_causes(statuses: Mapping[str, ProcessStatus], trainer: str) -> list[
         if status is None:
             continue
         why = f": {status.last_reason}" if status.last_reason else ""
-        if status.state not in (State.READY, State.RUNNING):
+        if status.external is not None and status.state not in (State.READY, State.RUNNING):
+            causes.append(external_cause(name, status))
+        elif status.state not in (State.READY, State.RUNNING):
             doing = "restarting" if status.state in (State.BACKOFF, State.STARTING) else "down"
             causes.append(f"{name} is {doing} ({status.state}{why})")
         elif status.health == "failing":
             causes.append(f"{name} is alive but not answering (its liveness probe fails)")
     return causes
+
+
+def external_cause(name: str, status: ProcessStatus) -> str:
+    """A server the run attaches to and cannot reach: where, since when, what it does
+    about it (it attaches again by itself once the server answers)."""
+    if status.down_since is None:
+        since = "not attached yet"
+    else:
+        since = f"unreachable since {time.strftime('%H:%M:%S', time.localtime(status.down_since))}"
+    why = f": {status.last_reason}" if status.last_reason else ""
+    return (
+        f"{name} at {status.external} {since} ({status.state}{why}); the run waits and "
+        "attaches again when it answers"
+    )
 
 
 def error_causes(progress: Progress, last_warning: Callable[[str], str | None]) -> list[str]:

@@ -64,17 +64,21 @@ def row_cells(row: ProcessRow, now: float) -> list[Text]:
     alive = row.state in (State.STARTING, State.RUNNING, State.READY, State.UNHEALTHY)
     uptime = format_duration(now - row.started_at) if alive and row.started_at else "-"
     health = row.health or "-"
+    pid = str(row.pid) if row.pid and alive else "-"
+    port = str(row.port) if row.port else "-"
+    if row.external is not None:  # not ours: its URL where the port goes, never a pid
+        pid, port = "external", row.external.split("://", 1)[-1]
     cells = [
         Text(row.name, style="bold"),
         Text(row.role),
         Text(state_text, style=STATE_STYLES[row.state]),
-        Text(str(row.pid) if row.pid and alive else "-"),
+        Text(pid, style="cyan" if row.external else ""),
         Text(uptime),
         Text(str(row.restarts), style="bold magenta" if row.restarts else ""),
         Text(
             health, style="bold red" if health == "failing" else "green" if health == "ok" else ""
         ),
-        Text(str(row.port) if row.port else "-"),
+        Text(port),
         Text(f"{row.cpu_percent:.0f}" if row.cpu_percent is not None and alive else "-"),
         Text(format_bytes(row.rss_bytes) if alive else "-"),
         Text(format_bytes(row.gpu_memory_bytes) if alive else "-"),
