@@ -43,6 +43,7 @@ from grpo_tui.supervisor.events import Notice
 
 if TYPE_CHECKING:
     from grpo_tui.plan.profile import Profile
+    from grpo_tui.plan.roles import Plan
     from grpo_tui.stack.stack import GrpoStack
     from grpo_tui.supervisor.bus import Subscription
     from grpo_tui.supervisor.supervisor import RunOutcome
@@ -215,6 +216,8 @@ class GrpoTuiApp(App[int]):
         if self.state.started_at is None:
             self.state.started_at = self.clock()
         self.push_screen(DashboardScreen())
+        if self.notice:  # what the run is for (grpo-tui serve: the URL to attach to)
+            self.notify(self.notice, title="grpo-tui", timeout=30)
         self._pump_events(self.supervisor.subscribe())
         self._run_worker = self._run_supervisor()
         self._copy_status()
@@ -435,19 +438,27 @@ def _keymap_ok() -> bool:
 
 def run_app(profile: Path | str | Profile, mode: str | None = None) -> int:
     """Open the dashboard on a profile (a path or a loaded profile); returns the exit code."""
-    from grpo_tui.headless import write_run_dir
     from grpo_tui.plan.profile import load_profile
     from grpo_tui.plan.roles import build_plan
-    from grpo_tui.stack.stack import GrpoStack
 
     if not _keymap_ok():
         return EXIT_BAD_INPUT
     loaded = load_profile(profile, mode=mode) if isinstance(profile, str | Path) else profile
-    plan = build_plan(loaded)
+    return run_plan_app(build_plan(loaded))
+
+
+def run_plan_app(plan: Plan, notice: str = "") -> int:
+    """Open the dashboard on a checked plan (``grpo-tui serve``'s: inference alone, with the
+    URL to attach to as its ``notice``)."""
+    from grpo_tui.headless import write_run_dir
+    from grpo_tui.stack.stack import GrpoStack
+
+    if not _keymap_ok():
+        return EXIT_BAD_INPUT
     write_run_dir(plan)
     stack = GrpoStack.from_plan(plan)
     state = RunState(plan.run_dir.name, mode=plan.roles.mode, run_dir=plan.run_dir)
-    app = GrpoTuiApp(state, stack=stack)
+    app = GrpoTuiApp(state, stack=stack, notice=notice)
     result = app.run()
     return result if result is not None else app.return_code or 0
 

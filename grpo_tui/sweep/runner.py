@@ -8,6 +8,10 @@ before exec), and each cell's supervisor ends its processes as on any SIGTERM; i
 watchdog covers the rest. The journal is appended before and after each cell, so a
 restarted sweep knows what finished.
 
+With one inference server for the whole sweep (``inference_url``: a server already kept;
+``server``: one the sweep keeps itself, :mod:`grpo_tui.sweep.kept`), the cells run one
+after another, each attached to it (``--inference-url``).
+
 On Slurm (a profile with ``[cluster] engine = "slurm"``) each cell is one batch job
 instead (:mod:`grpo_tui.sweep.slurm_jobs`): up to N jobs submitted at once, watched through
 ``squeue``; a stop cancels the sweep's own job ids. Jobs outlive a killed sweep, so a
@@ -31,6 +35,7 @@ import psutil
 
 from grpo_tui.plan.profile import Profile
 from grpo_tui.sweep.grid import Cell, apply_overrides, describe, write_profile
+from grpo_tui.sweep.kept import KeptServer
 from grpo_tui.sweep.resources import Lease, Resources, gpus_needed, leased_profile
 from grpo_tui.sweep.slurm_jobs import ENDED, JobEnd, SlurmJobs, cancel, job_end, job_states
 from grpo_tui.sweep.store import CellStatus, SweepDir, SweepRecord
@@ -67,6 +72,8 @@ class SweepRunner:
         gpus: list[str],
         log: Callable[[str], None] = lambda line: None,
         slurm: SlurmJobs | None = None,
+        inference_url: str | None = None,
+        server: KeptServer | None = None,
     ) -> None:
         self.sweep = sweep
         self.record = record
@@ -76,6 +83,9 @@ class SweepRunner:
         self.resources = Resources(gpus=list(gpus))
         self.log = log
         self.slurm = slurm
+        self.inference_url = server.url if server is not None else inference_url
+        """The server every cell attaches to (one cell at a time), if any."""
+        self.server = server
         self.stopping = False
         self._procs: dict[str, asyncio.subprocess.Process] = {}
 
@@ -85,6 +95,20 @@ class SweepRunner:
         return [s.cell for s in statuses.values() if s.state != "done"]
 
     async def run(self) -> int:
+        """Every pending cell (with the kept server, if any, around them); the exit code."""
+        if self.server is None:
+            return await self._run_cells()
+        try:
+            await self.server.start(preexec=_die_with_parent())
+        except RuntimeError as error:
+            self.log(f"the kept server did not start: {error}")
+            return 1
+        try:
+            return await self._run_cells()
+        finally:
+            await self.server.stop()
+
+    async def _run_cells(self) -> int:
         me = psutil.Process()
         self.sweep.append("sweep_start", pid=me.pid, create_time=me.create_time())
         watched = await self._reconcile() if self.slurm is not None else []
@@ -150,6 +174,8 @@ class SweepRunner:
         console.parent.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, "-m", "grpo_tui", "run", str(profile)]
         command += ["--run-dir", str(sweep.run_dir(cell.id))]
+        if self.inference_url is not None:
+            command += ["--inference-url", self.inference_url]
         started = time.monotonic()
         with console.open("ab") as output:
             proc = await asyncio.create_subprocess_exec(

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -186,13 +186,22 @@ def mean(values: list[float]) -> float:
 
 
 class HeadlessCli:
-    """``grpo-tui run PROFILE --mode M`` as a child in its own session; stopped at teardown."""
+    """``grpo-tui run PROFILE --mode M [EXTRA...]`` as a child in its own session; stopped at
+    teardown. ``command``: another command taking a profile (``serve``)."""
 
-    def __init__(self, profile: Path, mode: str, log: Path) -> None:
+    def __init__(
+        self,
+        profile: Path,
+        mode: str,
+        log: Path,
+        extra: Sequence[str] = (),
+        command: str = "run",
+    ) -> None:
         self.log = log
+        argv = [sys.executable, "-m", "grpo_tui", command, str(profile), "--mode", mode, *extra]
         with log.open("ab") as out:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", "grpo_tui", "run", str(profile), "--mode", mode],
+                argv,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 cwd=REPO,
