@@ -42,6 +42,7 @@ def sweep(path: Path, sweep_dir: Path, *options: str) -> subprocess.CompletedPro
 
 
 @pytest.mark.e2e
+@pytest.mark.timeout(600)
 def test_the_cells_run_one_after_another_on_one_kept_server(tmp_path: Path) -> None:
     path = profile(tmp_path)
     port = tomllib.loads(path.read_text())["inference"]["port"]
