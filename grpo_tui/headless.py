@@ -41,6 +41,7 @@ from grpo_tui.supervisor.events import (
     State,
     StateChanged,
 )
+from grpo_tui.supervisor.health import SELF
 from grpo_tui.supervisor.supervisor import Supervisor
 
 ALLOCATION_FILE = "allocation.json"
@@ -207,7 +208,11 @@ class ConsoleReport:
     def _probe(self, event: ProbeResult) -> None:
         key = (event.process, event.probe)
         if event.ok:
-            if self._probe_failing.pop(key, None) is not None and event.probe != "readiness":
+            if self._probe_failing.pop(key, None) is None or event.probe == "readiness":
+                return
+            if event.probe == SELF:
+                self._line(f"{event.process} reports itself ok again: {escape(event.message)}")
+            else:
                 self._line(f"{event.process} {event.probe} probe ok again")
             return
         if self._probe_failing.get(key) == event.message:
@@ -215,6 +220,10 @@ class ConsoleReport:
         self._probe_failing[key] = event.message
         if event.probe == "readiness":
             self._line(f"[dim]{event.process} not ready yet: {escape(event.message)}[/]")
+        elif event.probe == SELF:
+            self._line(
+                f"{event.process} [bold red]reports itself failing[/]: {escape(event.message)}"
+            )
         else:
             self._line(
                 f"{event.process} [bold red]{event.probe} probe failing[/]: "

@@ -32,6 +32,7 @@ from grpo_tui.supervisor.events import (
     State,
     StateChanged,
 )
+from grpo_tui.supervisor.health import SELF
 
 SUPERVISOR_LOG = "supervisor"
 """Name of the log buffer holding the supervisor's own events."""
@@ -85,6 +86,8 @@ class ProcessRow:
     started_at: float | None = None
     restarts: int = 0
     health: str | None = None
+    failing: dict[str, str] = field(default_factory=dict)
+    """``check -> what it saw`` for each failing check (``ProcessStatus.failing``)."""
     port: int | None = None
     external: str | None = None
     """The URL of a process that is not ours (a server attached by URL): no pid."""
@@ -228,6 +231,7 @@ class RunState:
                 row.state = event.new
                 if event.new not in LIVE_STATES:
                     row.health = None  # stopping, stopped, ended: nothing probes it
+                    row.failing = {}
                 if event.pid is not None:
                     row.pid = event.pid
                 if event.new in (State.STARTING, State.RUNNING) and event.old not in LIVE_STATES:
@@ -250,15 +254,21 @@ class RunState:
                 )
             case ProbeResult():
                 # a readiness probe failing while a process starts is expected: only a
-                # failing liveness or progress probe makes a row unhealthy and an event line
+                # failing liveness or progress probe, or the process's own word (``self``),
+                # makes a row unhealthy (until that check passes again) and an event line
                 row = self.process(event.process)
                 if event.ok:
-                    row.health = "ok"
+                    row.failing.pop(event.probe, None)
                 elif event.probe != "readiness":
-                    row.health = "failing"
-                    self._event_line(
-                        event.t, f"{event.process}: {event.probe} probe failed: {event.message}"
+                    row.failing[event.probe] = event.message
+                    what = (
+                        "reports itself failing"
+                        if event.probe == SELF
+                        else f"{event.probe} probe failed"
                     )
+                    self._event_line(event.t, f"{event.process}: {what}: {event.message}")
+                if event.ok or event.probe != "readiness":
+                    row.health = "failing" if row.failing else "ok"
             case RequestReceived():
                 target = f" {event.target}" if event.target else ""
                 self._event_line(
@@ -306,6 +316,7 @@ class RunState:
             row.started_at = status.started_at
             row.restarts = status.restarts
             row.health = status.health
+            row.failing = dict(status.failing)
             row.port = status.port
             row.external = getattr(status, "external", None)
             row.exit_code = status.exit_code

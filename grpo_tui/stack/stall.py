@@ -9,8 +9,10 @@ what the supervisor can see, most telling first:
 
 - a process stopped (SIGSTOP, a debugger): the OS says so (psutil), whatever its probes
   say; named with its pid, since when it is quiet, its CPU use and its last line;
-- a server down or restarting (inference, the API) or one alive but not answering
-  (its liveness probe failing);
+- a server down or restarting (inference, the API), one alive but not answering (its
+  liveness probe failing) or answering but doing no work (its progress probe failing:
+  inference's generation probe), a process that reports itself failing (an environment
+  whose task keeps raising);
 - environments failed, backing off or not answering;
 - the rollout API holding the environments until the trainer pushes its weights to the
   inference incarnation up now (the trainer must re-attach after an inference restart);
@@ -60,6 +62,7 @@ from grpo_tui.supervisor.events import (
     State,
     StateChanged,
 )
+from grpo_tui.supervisor.health import SELF
 from grpo_tui.supervisor.record import ProcessStatus
 from grpo_tui.supervisor.supervisor import Supervisor
 
@@ -88,7 +91,7 @@ def process_causes(statuses: Mapping[str, ProcessStatus], trainer: str) -> list[
             doing = "restarting" if status.state in (State.BACKOFF, State.STARTING) else "down"
             causes.append(f"{name} is {doing} ({status.state}{why})")
         elif status.health == "failing":
-            causes.append(f"{name} is alive but not answering (its liveness probe fails)")
+            causes.append(f"{name} {failing_cause(status.failing)}")
     return causes
 
 
@@ -104,6 +107,18 @@ def external_cause(name: str, status: ProcessStatus) -> str:
         f"{name} at {status.external} {since} ({status.state}{why}); the run waits and "
         "attaches again when it answers"
     )
+
+
+def failing_cause(failing: Mapping[str, str]) -> str:
+    """What a process's failing checks (``ProcessStatus.failing``) say of it."""
+    said = []
+    if "liveness" in failing:  # (a server that does not answer does no work either)
+        said.append(f"is alive but not answering (its liveness probe fails: {failing['liveness']})")
+    elif "progress" in failing:
+        said.append(f"answers but does no work (its progress probe fails: {failing['progress']})")
+    if SELF in failing:
+        said.append(f"reports itself failing: {failing[SELF]}")
+    return "; ".join(said) or "is alive but its health check fails"
 
 
 def error_causes(progress: Progress, last_warning: Callable[[str], str | None]) -> list[str]:

@@ -1,4 +1,5 @@
-"""The control socket: children report metrics and ask for actions (docs/control-socket.md).
+"""The control socket: children report metrics and their health, and ask for actions
+(docs/control-socket.md).
 
 NDJSON over a Unix domain socket. Each connection is identified by its peer's pid
 (``SO_PEERCRED``), so a child that never says ``hello`` is still known by name. On a
@@ -80,6 +81,14 @@ class EventIn(_Record):
     data: dict[str, Any] = Field(default_factory=dict)
 
 
+class HealthIn(_Record):
+    """A child's own word on its health (``health.py``): failing, with why, or ok again."""
+
+    type: Literal["health"]
+    ok: bool
+    reason: str = ""
+
+
 class Request(_Record):
     type: Literal["request"]
     id: str
@@ -89,7 +98,9 @@ class Request(_Record):
     args: dict[str, Any] = Field(default_factory=dict)
 
 
-Incoming = TypeAdapter(Annotated[Hello | Metrics | EventIn | Request, Field(discriminator="type")])
+Incoming = TypeAdapter(
+    Annotated[Hello | Metrics | EventIn | HealthIn | Request, Field(discriminator="type")]
+)
 
 OnRequest = Callable[[str, str, str | None, dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -129,6 +140,7 @@ class ControlServer:
         on_event: Callable[[Event], None],
         on_request: OnRequest,
         identify: Callable[[int], str | None],
+        on_health: Callable[[str, bool, str], None],
         tcp: ControlEndpoint | None = None,
     ) -> None:
         self.path = path
@@ -137,6 +149,7 @@ class ControlServer:
         self._on_metrics = on_metrics
         self._on_event = on_event
         self._on_request = on_request
+        self._on_health = on_health
         self._identify = identify
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -244,6 +257,8 @@ class ControlServer:
                         data=record.data,
                     )
                 )
+            case HealthIn():
+                self._on_health(name, record.ok, record.reason)
             case Request():
                 target = record.process or record.role
                 self._on_event(

@@ -61,7 +61,7 @@ class Incarnation:
             exited, command = asyncio.ensure_future(child.wait()), None
         life.child = child
         life.started_at = life.hooks.clock.now()
-        life.health = None
+        life.checks.clear()
         if life.stopping:
             await self._end(child, exited)
             return None
@@ -126,7 +126,7 @@ class Incarnation:
                     continue
                 if life.state is State.STARTING:
                     watch.result()
-                    life.health = "ok"
+                    life.checks.record("readiness", True, "passed")
                     life.transition(State.READY, reason="readiness probe passed")
                     life.keep_standby()
                     watch = asyncio.ensure_future(self._watch_health())
@@ -225,9 +225,6 @@ class Incarnation:
 
         def report(ok: bool, message: str) -> None:
             if life.state in PROBED:
-                life.health = "ok" if ok else "failing"
-                life.hooks.publish(
-                    ProbeResult(process=life.name, probe=probe, ok=ok, message=message)
-                )
+                life.checked(probe, ok, message)
 
         return report

@@ -265,6 +265,8 @@ async def watch_progress(
         total = await prober.counter(probe)
         if total is not None:
             if last is not None and total > last:
+                if misses:  # it works again: its health says so before the next request
+                    changes(True, "requests completed again")
                 progress_at, misses = clock.now(), 0
             last = total
         idle = clock.now() - progress_at

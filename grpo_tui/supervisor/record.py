@@ -15,12 +15,13 @@ drives a life with a fake spawn and a fake clock (``tests/supervisor/fakes.py``)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from grpo_tui.supervisor import probes
 from grpo_tui.supervisor.clock import WALL, Clock
-from grpo_tui.supervisor.events import Event, Notice, State, StateChanged
+from grpo_tui.supervisor.events import Event, Notice, ProbeResult, State, StateChanged
+from grpo_tui.supervisor.health import SELF, Health
 from grpo_tui.supervisor.logs import OutputSink
 from grpo_tui.supervisor.ports import find_port_holder
 from grpo_tui.supervisor.process import Child
@@ -30,6 +31,8 @@ from grpo_tui.supervisor.transitions import ALIVE, STOPPING, check
 
 PROBED = frozenset({State.RUNNING, State.READY})
 """States whose probe results tell the process's health (not one being stopped)."""
+REPORTING = frozenset({State.STARTING, State.RUNNING, State.READY})
+"""States whose own health reports count (it runs, and is not being stopped)."""
 
 
 @dataclass(frozen=True)
@@ -44,8 +47,9 @@ class ProcessStatus:
     restarts: int
     port: int | None
     health: str | None
-    """``ok`` or ``failing`` by its last liveness or progress probe while it runs; None
-    when nothing tells (no probe result yet, or it is not running: stopping, stopped)."""
+    """``ok`` or ``failing`` by the last result of each of its checks while it runs (its
+    liveness and progress probes, its own report: ``health.py``); None when nothing tells
+    (no result yet, or it is not running: stopping, stopped)."""
     exit_code: int | None
     last_reason: str
     incarnation: int
@@ -54,6 +58,9 @@ class ProcessStatus:
     """The URL of a process that is not ours (``spec.External``): no pid, never signalled."""
     down_since: float | None = None
     """When it last stopped being ready (None while ready, and before it first was)."""
+    failing: Mapping[str, str] = field(default_factory=dict)
+    """``check -> what it saw`` for each failing check: ``liveness``, ``progress`` (a
+    probe), ``self`` (its own report)."""
 
 
 def port_held(spec: ProcessSpec) -> str | None:
@@ -114,7 +121,8 @@ class ProcessRecord:
         self.incarnation = 0  # how many times it became ready
         self.exit_code: int | None = None
         self.last_reason = ""
-        self.health: str | None = None
+        self.checks = Health()
+        """The last result of each of its checks in this incarnation."""
         self.changed = asyncio.Event()
         self.reprobe = asyncio.Event()
         """Set when a replaced spec changes the health probes of a running process."""
@@ -137,6 +145,11 @@ class ProcessRecord:
         return self.child is not None and self.child.returncode is None
 
     @property
+    def health(self) -> str | None:
+        """``ok``, ``failing``, or None (``ProcessStatus.health``)."""
+        return self.checks.value
+
+    @property
     def stopping(self) -> bool:
         """A stop or a kill was asked and the life has not ended yet."""
         return self.state in STOPPING
@@ -157,6 +170,7 @@ class ProcessRecord:
             last_reason=self.last_reason,
             external=self.spec.external.url if self.spec.external is not None else None,
             down_since=self.down_since,
+            failing=self.checks.failing,
         )
 
     async def until(self, predicate: Callable[[], bool], *others: ProcessRecord) -> None:
@@ -189,6 +203,18 @@ class ProcessRecord:
                 return f"dependency {dep_name} failed: {dep.last_reason}"
         return ""
 
+    def checked(self, check: str, ok: bool, message: str) -> None:
+        """The result of one of its checks: its health, and an event when it changed."""
+        if self.checks.record(check, ok, message):
+            self.hooks.publish(ProbeResult(process=self.name, probe=check, ok=ok, message=message))
+
+    def report_health(self, ok: bool, reason: str) -> None:
+        """Its own word on its health (the control socket's ``health`` record): a check
+        like its probes, until its next report or the end of this incarnation. No state
+        changes; dropped unless it runs (a report as a stop begins says nothing)."""
+        if self.state in REPORTING:
+            self.checked(SELF, ok, reason)
+
     def keep_standby(self) -> None:
         """Have a standby spawned for the next start (if the spec keeps one; once)."""
         if self.spec.standby and not self.stopping and not self.hooks.closing():
@@ -208,7 +234,7 @@ class ProcessRecord:
         check(self.name, old, new)
         self.state = new
         if new not in ALIVE:
-            self.health = None
+            self.checks.clear()
         if self.ready and not was_ready:
             self.ready_at = self.hooks.clock.now()
             self.incarnation += 1

@@ -49,7 +49,11 @@ class RunResources:
         self._client: asyncio.Future[httpx.AsyncClient] | None = None
 
     async def open(
-        self, journal: Journal, on_request: OnRequest, identify: Callable[[int], str | None]
+        self,
+        journal: Journal,
+        on_request: OnRequest,
+        identify: Callable[[int], str | None],
+        on_health: Callable[[str, bool, str], None],
     ) -> None:
         """Start the HTTP client's loading, the watchdog and the control server."""
         self._client = asyncio.ensure_future(asyncio.to_thread(_http_client))
@@ -60,6 +64,7 @@ class RunResources:
             on_event=journal.publish,
             on_request=on_request,
             identify=identify,
+            on_health=on_health,
             tcp=self.tcp,
         )
         await self._control.start()

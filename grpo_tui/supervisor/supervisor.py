@@ -336,7 +336,9 @@ class Supervisor:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
         self._journal.open(self.run_dir)
-        await self._resources.open(self._journal, self._requests.dispatch, self._identify)
+        await self._resources.open(
+            self._journal, self._requests.dispatch, self._identify, self._health_reported
+        )
         self._tasks.append(asyncio.create_task(self._journal.batch_logs(), name="log-batcher"))
         sampling = sample_forever(self._lives, self._resources.client(), self._journal)
         self._tasks.append(asyncio.create_task(sampling, name="samplers"))
@@ -359,6 +361,14 @@ class Supervisor:
             if any(p.pid == pid for p in child.refresh_tree()):
                 return name
         return None
+
+    def _health_reported(self, name: str, ok: bool, reason: str) -> None:
+        """A control-socket peer's word on its own health (``health.py``)."""
+        life = self._lives.get(name)
+        if life is not None:
+            life.report_health(ok, reason)
+        else:  # a process that has just exited, or none of ours: nothing to mark
+            self.notice(f"control socket: a health report from {name}, no process", "debug")
 
     # ------------------------------------------------------------------ life cycle
 

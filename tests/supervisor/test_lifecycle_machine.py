@@ -951,3 +951,94 @@ async def test_a_spec_replaced_while_it_runs_takes_its_health_probes_at_once(
     await m.clock.tick(5)
     await m.clock.asleep(5)
     assert m.prober.asked == [None]
+
+
+async def test_a_progress_failure_shows_in_health_until_work_resumes(machine: Make) -> None:
+    """One failed request for work (of the two that make it unhealthy): the status says
+    which check fails and what it saw; requests completing again make it ok."""
+    m = await ready(machine(spec(readiness=READINESS, progress=progress())))
+    m.prober.answer = (False, "it timed out after 1 s")
+    for _ in range(6):
+        await m.clock.tick(5)
+    await m.clock.asleep(5)
+    saw = "no request completed for 30 s; asked for work, it timed out after 1 s"
+    status = m.life().status()
+    assert (status.state, status.health, status.failing) == (
+        State.READY,
+        "failing",
+        {"progress": saw},
+    )
+    m.prober.count += 1
+    await m.clock.tick(5)
+    await m.clock.asleep(5)
+    status = m.life().status()
+    assert (status.state, status.health, status.failing) == (State.READY, "ok", {})
+    assert [(e.ok, e.message) for e in m.probes("progress")] == [
+        (False, saw),
+        (True, "requests completed again"),
+    ]
+
+
+# ------------------------------------------------------------------ its own word on its health
+
+
+async def test_a_process_reporting_itself_failing_shows_it_without_a_state_change(
+    machine: Make,
+) -> None:
+    m = await ready(machine(spec(readiness=READINESS, liveness=LIVENESS)))
+    await m.clock.asleep(LIVENESS.period)
+    path = m.path()
+    m.life().report_health(False, "the task fails: ValueError: boom")
+    m.life().report_health(False, "the task fails: ValueError: boom")  # said once
+    status = m.life().status()
+    assert (status.state, status.health) == (State.READY, "failing")
+    assert status.failing == {"self": "the task fails: ValueError: boom"}
+    await m.clock.tick(LIVENESS.period)  # its liveness passes: still failing by its word
+    assert m.life().status().health == "failing"
+    m.life().report_health(True, "the task ran through again")
+    assert (m.life().status().health, m.life().status().failing) == ("ok", {})
+    assert [(e.ok, e.message) for e in m.probes("self")] == [
+        (False, "the task fails: ValueError: boom"),
+        (True, "the task ran through again"),
+    ]
+    assert m.path() == path, "a report changes no state"
+
+
+async def test_a_failing_report_and_a_failing_probe_are_both_shown(machine: Make) -> None:
+    liveness = HttpProbe(url=LIVE_URL, period=5, failure_threshold=2)
+    m = await ready(machine(spec(readiness=READINESS, liveness=liveness)))
+    await m.clock.asleep(5)  # its first liveness check passed
+    m.life().report_health(False, "disk full")
+    m.prober.failing.add(LIVE_URL)
+    await m.clock.tick(5)
+    await m.clock.asleep(5)  # one check failed: not yet unhealthy
+    assert m.life().status().failing == {"self": "disk full", "liveness": f"{LIVE_URL} refused"}
+    m.prober.failing.clear()
+    await m.clock.tick(5)
+    await m.clock.asleep(5)
+    status = m.life().status()
+    assert (status.state, status.health, status.failing) == (
+        State.READY,
+        "failing",
+        {"self": "disk full"},
+    )
+
+
+async def test_a_report_counts_for_its_incarnation_only(machine: Make) -> None:
+    """A report while it stops says nothing; a new incarnation starts with none."""
+    m = await started(machine(spec(restart=ALWAYS)))
+    m.life().report_health(False, "disk full")
+    assert m.life().status().health == "failing"
+    await exits(m, 1, State.BACKOFF)
+    m.life().report_health(False, "late word from the one that exited")
+    assert m.life().status().health is None
+    await m.clock.tick(1)
+    await m.state(State.RUNNING)
+    assert (m.life().status().health, m.life().status().failing) == (None, {})
+    m.child().slow_stop = asyncio.Event()
+    stop = asyncio.create_task(m.life().stop())
+    await m.state(State.STOPPING)
+    m.life().report_health(False, "shutting down")
+    m.child().slow_stop.set()
+    await stop
+    assert [e.message for e in m.probes("self")] == ["disk full"]

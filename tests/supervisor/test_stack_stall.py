@@ -17,6 +17,7 @@ from grpo_tui.stack.progress import Progress
 from grpo_tui.stack.stall import (
     StallWatch,
     error_causes,
+    failing_cause,
     hold_causes,
     process_causes,
     progress_causes,
@@ -30,9 +31,19 @@ SLEEPER = [sys.executable, "-c", "import time\nprint('up', flush=True)\ntime.sle
 
 
 def status(
-    name: str, role: str, state: State, health: str | None = "ok", why: str = "", nth: int = 1
+    name: str,
+    role: str,
+    state: State,
+    health: str | None = "ok",
+    why: str = "",
+    nth: int = 1,
+    failing: dict[str, str] | None = None,
 ):
-    return ProcessStatus(name, role, state, 1, 0.0, 0, None, health, None, why, nth)
+    if failing is None:
+        failing = {"liveness": "HTTP 503"} if health == "failing" else {}
+    return ProcessStatus(
+        name, role, state, 1, 0.0, 0, None, health, None, why, nth, failing=failing
+    )
 
 
 def test_processes_name_servers_first_then_environments_then_the_trainer() -> None:
@@ -46,12 +57,35 @@ def test_processes_name_servers_first_then_environments_then_the_trainer() -> No
     assert process_causes(statuses, "trainer") == [
         "inference is restarting (backoff: killed by SIGKILL)",
         "env-0 is down (failed: exited with code 2)",
-        "env-1 is alive but not answering (its liveness probe fails)",
+        "env-1 is alive but not answering (its liveness probe fails: HTTP 503)",
     ]
     statuses["inference"] = status("inference", "inference", State.READY)
     statuses["env-0"] = status("env-0", "env", State.READY)
     statuses["env-1"] = status("env-1", "env", State.READY)
     assert process_causes(statuses, "trainer") == []
+
+
+def test_a_failing_check_is_named_for_what_it_is() -> None:
+    """Which check fails says what is wrong: inference's progress (generation) probe is a
+    server that answers and generates nothing, not one "not answering"; an environment
+    whose task keeps raising says so itself. Was: "its liveness probe fails" for each."""
+    saw = "no request completed for 75 s; asked for work, it timed out after 30 s"
+    statuses = {
+        "inference": status("inference", "inference", State.READY, "failing", failing={
+            "progress": saw}),
+        "trainer": status("trainer", "trainer", State.READY),
+        "env": status("env", "env", State.READY, "failing", failing={
+            "self": "the task fails: ValueError: boom (in sample())"}),
+    }  # fmt: skip
+    assert process_causes(statuses, "trainer") == [
+        f"inference answers but does no work (its progress probe fails: {saw})",
+        "env reports itself failing: the task fails: ValueError: boom (in sample())",
+    ]
+    both = {"liveness": "timed out after 5 s", "progress": saw, "self": "disk full"}
+    assert failing_cause(both) == (  # a server not answering does no work: one cause
+        "is alive but not answering (its liveness probe fails: timed out after 5 s); "
+        "reports itself failing: disk full"
+    )
 
 
 def test_processes_that_restarted_since_the_last_step_are_named() -> None:

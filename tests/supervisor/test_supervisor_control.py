@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import json
+import signal
 
 from conftest import child, free_port, spec
 
 from grpo_tui.supervisor.events import (
     MetricsRecord,
     Notice,
+    ProbeResult,
     RequestReceived,
     ResourceSample,
+    State,
     StateChanged,
 )
 from grpo_tui.supervisor.samplers import TokenRate, generation_tokens
@@ -99,3 +102,25 @@ def test_generation_tokens_are_summed_over_label_sets() -> None:
     assert rate.update(10.0, 100.0) is None
     assert rate.update(12.0, 300.0) == 100.0
     assert rate.update(13.0, 5.0) is None  # counter reset: no negative rate
+
+
+async def test_a_child_says_its_own_health(supervise) -> None:
+    """A ``health`` record from a child, known by its pid: its health in ``status()`` and a
+    ``ProbeResult`` of the check ``self``, without a state change; ok again when it says so."""
+    worker = spec(
+        "worker",
+        child("health.py", "the queue is stuck"),
+        readiness={"kind": "log_line", "pattern": "said failing"},
+    )
+    h = supervise([worker])
+    await h.state("worker", "ready", timeout=30)
+    said = await h.until(lambda e: isinstance(e, ProbeResult) and e.probe == "self")
+    assert (said.process, said.ok, said.message) == ("worker", False, "the queue is stuck")
+    status = h.sup.status()["worker"]
+    assert (status.state, status.health) == (State.READY, "failing")
+    assert status.failing == {"self": "the queue is stuck"}
+    await h.sup.signal("worker", signal.SIGUSR1)
+    await h.until(lambda e: isinstance(e, ProbeResult) and e.probe == "self" and e.ok)
+    status = h.sup.status()["worker"]
+    assert (status.state, status.health, status.failing) == (State.READY, "ok", {})
+    assert [e.new for e in h.changes("worker")] == [State.STARTING, State.READY]

@@ -34,6 +34,7 @@ async def test_tcp_peer_with_the_token_reports_and_asks(
         on_event=notices.append,
         on_request=on_request,
         identify=lambda pid: None,
+        on_health=lambda name, ok, reason: None,
         tcp=endpoint,
     )
     await server.start()

@@ -39,6 +39,7 @@ class ShuttingDownSupervisor:
             on_event=lambda event: None,
             on_request=self._on_request,
             identify=lambda pid: None,
+            on_health=lambda name, ok, reason: None,
         )
 
     async def _on_request(
