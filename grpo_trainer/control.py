@@ -1,12 +1,12 @@
 """Client of the supervisor's control socket (see docs/control-socket.md).
 
-A child reports metrics and events, and asks the supervisor to act (restart the inference
-server on a new checkpoint), over newline-delimited JSON on the Unix socket named by
-``GRPO_TUI_SOCKET`` (or, for a child on another node of a cluster, ``tcp://host:port``,
-proving itself with ``GRPO_TUI_CONTROL_TOKEN`` in its hello). Reporting never blocks
-training: records go through a bounded queue to a background thread, which drops records
-when the queue is full and reconnects when the socket comes back. Requests block their
-caller until the matching reply or a timeout.
+A child reports metrics, events and its own health, and asks the supervisor to act
+(restart the inference server on a new checkpoint), over newline-delimited JSON on the
+Unix socket named by ``GRPO_TUI_SOCKET`` (or, for a child on another node of a cluster,
+``tcp://host:port``, proving itself with ``GRPO_TUI_CONTROL_TOKEN`` in its hello).
+Reporting never blocks training: records go through a bounded queue to a background
+thread, which drops records when the queue is full and reconnects when the socket comes
+back. Requests block their caller until the matching reply or a timeout.
 """
 
 from __future__ import annotations
@@ -75,6 +75,10 @@ class SupervisorLink:
         self._ids = itertools.count(1)
         self._reconnect_max = reconnect_max
         self._send_timeout = send_timeout
+        self._health: dict[str, Any] | None = None
+        """The last health record. A state, not an event: it bypasses the queue (which
+        drops records), sent when it changes and again on each new connection."""
+        self._health_changed = threading.Event()
         self._closed = threading.Event()
         self._connected = threading.Event()
         self._thread = threading.Thread(target=self._run, name="supervisor-link", daemon=True)
@@ -104,6 +108,13 @@ class SupervisorLink:
         ``code`` and ``data`` say what happened for programs (the supervisor's ``Notice``)."""
         event = {"type": "event", "t": time.time(), "level": level, "message": message}
         self._offer({**event, "code": code, "data": data or {}})
+
+    def send_health(self, ok: bool, reason: str = "") -> None:
+        """Say whether this process is healthy (``reason``: why not); the supervisor shows
+        it as the process's health until the next report. Kept, and sent again after a
+        reconnection."""
+        self._health = {"type": "health", "ok": ok, "reason": reason}
+        self._health_changed.set()
 
     def request(
         self,
@@ -144,10 +155,12 @@ class SupervisorLink:
         return dict(reply.get("result") or {})
 
     def flush(self, timeout: float = 5.0) -> bool:
-        """Wait until the queue is sent (or ``timeout``); True when it emptied."""
+        """Wait until the queue (and a new health record) is sent (or ``timeout``); True
+        when it emptied."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if self._queue.unfinished_tasks == 0:
+            health_pending = self._health_changed.is_set() and self.connected
+            if self._queue.unfinished_tasks == 0 and not health_pending:
                 return True
             time.sleep(0.01)
         return False
@@ -230,9 +243,14 @@ class SupervisorLink:
         if self.path.startswith(TCP_SCHEME):
             hello["token"] = os.environ.get(TOKEN_ENV, "")
         conn.sendall(_line(hello))
+        self._health_changed.set()  # this connection has not heard it yet
         reader = threading.Thread(target=self._read_replies, args=(conn,), daemon=True)
         reader.start()
         while not self._closed.is_set() and reader.is_alive():
+            if self._health_changed.is_set():
+                self._health_changed.clear()  # before reading it: a newer one sets it again
+                if (health := self._health) is not None:
+                    conn.sendall(_line(health))
             try:
                 record = self._queue.get(timeout=0.1)
             except queue.Empty:

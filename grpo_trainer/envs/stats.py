@@ -93,6 +93,11 @@ class Reporter:
         if self.link is not None:
             self.link.send_event(level, message)
 
+    def health(self, ok: bool, reason: str = "") -> None:
+        """Say whether this environment is healthy (the supervisor's health column)."""
+        if self.link is not None:
+            self.link.send_health(ok, reason)
+
     def close(self) -> None:
         """Flush what is queued to the supervisor."""
         if self.link is not None:

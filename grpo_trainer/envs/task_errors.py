@@ -5,7 +5,9 @@ prompt, or only on some. Each failure costs its group and is counted (``env/task
 with its kind in ``env/errors``); the first one is reported with its traceback as an
 ``error`` event, the running count at 10, 100, 1000 ... failures as a ``warning``, and each
 report carries the share of groups the task failed since the previous one
-(``env/error_rate``) and the failures in a row (``env/consecutive_task_errors``). A task
+(``env/error_rate``) and the failures in a row (``env/consecutive_task_errors``). While
+the last group failed (failures in a row) the environment reports its health failing to
+the supervisor, with the last failure; ok again after a group the task ran through. A task
 that fails only sometimes keeps the environment going. After ``max_consecutive_errors``
 failures in a row nothing is being produced: :class:`TaskFailing` ends the environment
 with exit status 1, so the supervisor's restart policy applies, and its message is the
@@ -47,6 +49,8 @@ class TaskErrors:
     def succeeded(self) -> None:
         """The task's code ran through for one group (it was sampled and scored)."""
         self._succeeded += 1
+        if self.in_a_row:
+            self.reporter.health(True, "the task ran through again")
         self.in_a_row = 0
 
     def failed(self, kind: str, where: str, error: BaseException | str) -> None:
@@ -58,6 +62,8 @@ class TaskErrors:
         self.stats.count("task_errors")
         self._failed += 1
         self.in_a_row += 1
+        if self.in_a_row == 1:
+            self.reporter.health(False, f"the task fails: {self.last}")
         total = self.stats.counts["task_errors"]
         if total == 1:
             self._report_first(where, said, error)

@@ -115,6 +115,11 @@ def test_a_task_that_always_raises_exits_non_zero_naming_its_exception(
         e["level"] == "error" and e["message"].startswith("the task failed 5 times in a row")
         for e in events
     ), events
+    health = [r for r in records if r["type"] == "health"]
+    assert health == [  # the process table's health column: failing, and why
+        {"type": "health", "ok": False,
+         "reason": "the task fails: ValueError: sample bug on purpose (in sample())"}
+    ]  # fmt: skip
 
 
 class ScoresRaiseSometimes(RepeatDigit):
@@ -136,12 +141,16 @@ class Recorded(Reporter):
         super().__init__(None)
         self.records: list[dict[str, float]] = []
         self.events: list[tuple[str, str]] = []
+        self.healths: list[tuple[bool, str]] = []
 
     def metrics(self, step: int | None, data: dict[str, float]) -> None:
         self.records.append(dict(data))
 
     def event(self, message: str, level: str = "info") -> None:
         self.events.append((level, message))
+
+    def health(self, ok: bool, reason: str = "") -> None:
+        self.healths.append((ok, reason))
 
 
 async def test_a_task_that_raises_sometimes_keeps_going_and_shows_its_error_rate(
@@ -168,6 +177,13 @@ async def test_a_task_that_raises_sometimes_keeps_going_and_shows_its_error_rate
     assert report["env/task_errors"] == counts["task_errors"]
     first = [message for level, message in reporter.events if level == "error"]
     assert len(first) == 1 and first[0].startswith("the task raised in score(): KeyError")
+    # its health: failing from each failed group until the next one it runs through
+    failing = (False, "the task fails: KeyError: 'rare input' (in score())")
+    recovered = (True, "the task ran through again")
+    assert reporter.healths[0] == failing
+    assert set(reporter.healths) == {failing, recovered}
+    pairs = zip(reporter.healths, reporter.healths[1:], strict=False)
+    assert all(a != b for a, b in pairs), "said when it changes"
 
 
 def test_max_consecutive_errors_is_an_env_key() -> None:

@@ -3,6 +3,7 @@ training; requests get their reply (or a clear error)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -85,6 +86,10 @@ class SocketServer:
     def close(self) -> None:
         self.listener.close()
         for conn in self.conns:
+            # shut down first: a bare close() leaves the peer unaware while a thread of
+            # ours is still blocked reading it
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
             conn.close()
         self.path.unlink(missing_ok=True)
 
@@ -138,6 +143,33 @@ def test_request_reply_refusal_and_timeout(sock_dir: Path, servers) -> None:
             mute.request("status", timeout=0.5)
     finally:
         mute.close()
+
+
+def test_health_is_said_again_on_each_connection(sock_dir: Path, servers) -> None:
+    """A process's health is a state, not an event: said while the supervisor could not be
+    reached, or with the queue full (records dropped), it still reaches it; the latest one
+    is said again after a reconnection."""
+    path = sock_dir / "h.sock"
+    link = SupervisorLink(str(path), process="env", queue_size=1)
+    failing = {"type": "health", "ok": False, "reason": "the task fails"}
+    ok = {"type": "health", "ok": True, "reason": "ran through"}
+    try:
+        for step in range(3):
+            link.send_metrics(step, {"x": 1.0})  # the queue is full: dropped
+        link.send_health(False, "the task fails")  # nobody listens yet
+        servers.append(SocketServer(path))
+        wait_until(lambda: failing in servers[0].records, 10, "the failing health")
+        link.send_health(True, "ran through")
+        wait_until(lambda: ok in servers[0].records, 10, "the ok health")
+        servers[0].close()
+        servers.append(SocketServer(path))
+        wait_until(lambda: len(servers[1].records) >= 2, 10, "hello and health again")
+    finally:
+        link.close()
+    assert servers[0].records[0]["type"] == "hello"
+    assert [r for r in servers[0].records if r["type"] == "health"] == [failing, ok]
+    hello, health = servers[1].records[:2]
+    assert (hello["type"], health) == ("hello", ok)
 
 
 def test_link_without_supervisor_never_blocks(sock_dir: Path) -> None:
