@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
 
     guard(None)  # type: ignore[arg-type]  # it reads no configuration
     if args.walk:
+        for folder in ("replay", "replay-shrink"):  # a replay before left its run there
+            shutil.rmtree(args.workdir / folder, ignore_errors=True)
         outcome = play(Walk.parse(args.walk), args.workdir / "replay")
         if not outcome.ok and args.shrink:
             shrink(outcome, args.workdir / "replay-shrink", budget=args.shrink)

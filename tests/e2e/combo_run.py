@@ -229,6 +229,8 @@ class ComboRun:
         self.mode = self.setup.mode
         self.workdir.mkdir(parents=True, exist_ok=True)
         output = self.workdir / "runs"
+        if output.is_dir() and any(output.iterdir()):
+            raise ValueError(f"{output} holds a run already: a walk needs a fresh folder")
         profile = walk_profile(self.workdir / "profile.toml", self.setup, output)
         self.run = HeadlessCli(profile, self.setup.mode, self.workdir / "console.log")
         run_dir = self._until(lambda: _only_dir(output), 60, "the run directory")

@@ -193,3 +193,13 @@ def test_shrinking_keeps_a_shortest_walk_that_still_fails(
     assert best.invariants == {"lag0"}
     assert spent <= 12
     assert Setup("none") == best.walk.setup
+
+
+def test_a_walk_in_a_folder_that_holds_a_run_starts_nothing_and_says_so(tmp_path: Path) -> None:
+    """A replay in the folder of an earlier one once waited 300 s on the old run's files and
+    blamed the trainer ('no the trainer'): the harness refuses, a ``harness`` failure."""
+    (tmp_path / "runs" / "quickstart-20261129-092820").mkdir(parents=True)
+    outcome = combo_play.play(Walk.parse("mode=none | wait:steps:4"), tmp_path, lambda _: None)
+    assert outcome.invariants == {"harness"}
+    assert "holds a run already" in outcome.violations[0].detail
+    assert not (tmp_path / "profile.toml").exists()
