@@ -1,5 +1,8 @@
 """The logs screen: a tab per process plus the supervisor's events, over one log pane.
 
+Long lines are folded at the pane's width, so the end of an error is on screen; ``w``
+shows them whole instead, scrolled sideways.
+
 The tabs choose which stream the one pane shows; each stream keeps its own follow / filter
 setting. One pane instead of a pane per tab keeps the screen to a few dozen widgets, which
 is what Textual restyles each time the screen is shown. The pane is flushed every 80 ms
@@ -34,6 +37,7 @@ class LogsScreen(Screen[None]):
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("f", "toggle_follow", "Follow/pause", id="logs-follow"),
         Binding("slash", "filter", "Filter", id="logs-filter"),
+        Binding("w", "toggle_wrap", "Wrap/scroll", id="logs-wrap"),
         Binding("z", "full_screen", "Full screen", id="logs-full-screen"),
         Binding("right_square_bracket", "next_tab", "Next", id="logs-next"),
         Binding("left_square_bracket", "previous_tab", "Previous", id="logs-previous"),
@@ -115,6 +119,13 @@ class LogsScreen(Screen[None]):
 
     def action_toggle_follow(self) -> None:
         self.pane.toggle_follow()
+
+    def action_toggle_wrap(self) -> None:
+        """Long lines folded at the pane's width (the default), or whole: scroll sideways
+        with ← / → (the pane focused) to read their end."""
+        self.pane.toggle_wrap()
+        if not self.pane.wrap:
+            self.pane.log_view.focus()
 
     def action_filter(self) -> None:
         self.pane.open_filter()

@@ -4,9 +4,9 @@ Textual's ``Footer`` is a widget per key and recomposes itself every time its sc
 shown, which was about half the cost of switching between the dashboard and the logs. This
 draws the same keys in the same colours (after the user's keymap, hidden when
 ``check_action`` says so, dimmed when disabled, the command palette on the right) as one
-line, redrawn only when the keys change. Every key stays on the line: where the full
-descriptions do not fit (a 100-column terminal) they are cut to the longest length that
-fits, down to the bare keys.
+line, redrawn only when the keys change. Every key stays on the bar: where the full
+descriptions do not fit one line (a 100-column terminal) the bar takes two or three, and
+only where three do not hold them are the descriptions cut to the longest length that fits.
 """
 
 from __future__ import annotations
@@ -85,8 +85,8 @@ class KeyBar(Widget):
         super().__init__()
         self._keys: tuple[ShownKey, ...] = ()
         self._palette: ShownKey | None = None
-        self._spans: list[tuple[int, int, str]] = []
-        """(start, end, key) of each key drawn, for clicks."""
+        self._spans: list[tuple[int, int, int, str]] = []
+        """(line, start, end, key) of each key drawn, for clicks."""
 
     def on_mount(self) -> None:
         self.screen.bindings_updated_signal.subscribe(self, self._bindings_changed)
@@ -99,6 +99,7 @@ class KeyBar(Widget):
         keys, palette = shown_keys(screen), palette_key(screen)
         if (keys, palette) != (self._keys, self._palette):
             self._keys, self._palette = keys, palette
+            self._relayout()
             self.refresh()
 
     def _draw(
@@ -117,38 +118,87 @@ class KeyBar(Widget):
             spans.append((start, text.cell_len, key.key))
         return text, spans
 
-    def _keys_text(self, room: int) -> tuple[Text, list[tuple[int, int, str]]]:
-        """The keys with the longest descriptions that fit in ``room`` cells."""
-        for limit in (None, 10, 8, 6, 5, 4, 3, 0):
-            drawn = self._draw(
-                [(key, f" {key.display} ", _cut(key.description, limit)) for key in self._keys]
-            )
-            if drawn[0].cell_len <= room:
+    def _lines(self, width: int) -> list[tuple[Text, list[tuple[int, int, str]]]]:
+        """The keys on as few lines as hold them (:data:`LAYOUTS`), with the longest
+        descriptions that fit; each line with where its keys landed."""
+        palette = self._palette
+        right = None if palette is None else self._draw([(palette, palette.display, " palette ")])
+        room = max(0, width - (right[0].cell_len + 1 if right else 0))
+        for lines, limit in LAYOUTS:
+            entries = [
+                (key, f" {key.display} ", _cut(key.description, limit)) for key in self._keys
+            ]
+            rows = _fill(entries, room, lines)
+            if rows is not None:
                 break
+        drawn = [self._draw(row) for row in rows]
+        if right is not None:
+            text, spans = drawn[-1]
+            text.truncate(room, pad=True)
+            separator = Text("▏", self.get_component_rich_style("key-bar--separator"))
+            shifted = [(start + room + 1, end + room + 1, key) for start, end, key in right[1]]
+            drawn[-1] = (Text.assemble(text, separator, right[0]), spans + shifted)
         return drawn
 
+    def _relayout(self) -> None:
+        """One line where the keys fit, more where they do not (a 100-column terminal)."""
+        height = len(self._lines(self.size.width)) if self.size.width else 1
+        if self.styles.height is None or self.styles.height.value != height:
+            self.styles.height = height
+
     def render(self) -> Text:
-        palette_width = 0 if self._palette is None else len(self._palette.display) + 10
-        left, self._spans = self._keys_text(max(0, self.size.width - palette_width))
-        if self._palette is None:
-            return left
-        separator = Text("▏", self.get_component_rich_style("key-bar--separator"))
-        palette = self._palette
-        right, right_spans = self._draw([(palette, palette.display, f" {palette.description} ")])
-        room = max(0, self.size.width - right.cell_len - 1)
-        left.truncate(room, pad=True)
-        self._spans = [span for span in self._spans if span[1] <= room]
-        self._spans += [(start + room + 1, end + room + 1, key) for start, end, key in right_spans]
-        return Text.assemble(left, separator, right)
+        lines = self._lines(self.size.width)
+        self._spans = [
+            (row, start, end, key)
+            for row, (_, spans) in enumerate(lines)
+            for start, end, key in spans
+        ]
+        return Text("\n").join(text for text, _ in lines)
 
     def on_resize(self) -> None:
+        self._relayout()
         self.refresh()
 
     def on_click(self, event: events.Click) -> None:
         """Press the key under the pointer, as Textual's footer does."""
-        for start, end, key in self._spans:
-            if start <= event.x < end:
+        for row, start, end, key in self._spans:
+            if row == event.y and start <= event.x < end:
                 self.app.simulate_key(key)
+
+
+LAYOUTS: tuple[tuple[int, int | None], ...] = (
+    (1, None),
+    (1, 10),
+    (2, None),
+    (2, 10),
+    (3, None),
+    (3, 10),
+    (3, 6),
+    (3, 0),
+)
+"""Tried in turn: (lines, description limit). Whole descriptions on one line, a little cut;
+then on two lines (the dashboard at 100 columns), then on three (the logs screen's twenty
+keys at 100 columns), cut further only where even three do not hold them."""
+
+Entry = tuple[ShownKey, str, str]
+
+
+def _fill(entries: list[Entry], room: int, lines: int) -> list[list[Entry]] | None:
+    """``entries`` in order on at most ``lines`` lines of ``room`` cells (the last line
+    forced to take the rest when the keys do not fit even cut to nothing); None: they do
+    not fit."""
+    rows: list[list[Entry]] = [[]]
+    used = 0
+    for entry in entries:
+        size = len(entry[1]) + len(entry[2])
+        if rows[-1] and used + size > room:
+            rows.append([])
+            used = 0
+        rows[-1].append(entry)
+        used += size
+    if len(rows) <= lines and used <= room:
+        return rows
+    return None if any(text for _, _, text in entries) else rows[:lines]
 
 
 def _cut(description: str, limit: int | None) -> str:

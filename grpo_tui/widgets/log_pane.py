@@ -5,8 +5,12 @@ The pane never sees individual lines as they arrive: :meth:`LogPane.flush` (call
 of it, into Textual's ``Log`` widget, which keeps only ``max_lines`` lines itself. Paused,
 the view is frozen and the subtitle counts what is waiting; the filter keeps the lines that
 contain its text (case-insensitive). One pane can show several streams in turn
-(:meth:`LogPane.show`), each keeping its own follow / filter setting. A ``wrap`` pane (a
-narrow dialog's) folds long lines at its width instead of cutting them there.
+(:meth:`LogPane.show`), each keeping its own follow / filter setting.
+
+The view keeps to the newest line until the user scrolls back (:class:`FollowingLog`), and
+follows again once scrolled to the end. Lines are folded at the pane's width (``wrap``, the
+default), so the end of a long error line is on screen; unwrapped, the pane scrolls
+sideways instead.
 """
 
 from __future__ import annotations
@@ -19,6 +23,45 @@ from textual.containers import Vertical
 from textual.widgets import Input, Log
 
 from grpo_tui.run_state import LogBuffer
+
+
+class FollowingLog(Log):
+    """A ``Log`` that shows its newest line until the user scrolls back, and again once the
+    user scrolls to the end.
+
+    Textual's own ``auto_scroll`` follows only while the view is at the end when a line is
+    written, which a pane written before its first layout never was: it stayed on its first
+    lines for good (the dashboard's events pane at 100x30).
+    """
+
+    pinned = True
+
+    def release_anchor(self) -> None:
+        """Called by every scroll the user makes (keys, wheel, scrollbar)."""
+        super().release_anchor()
+        self.pinned = False
+
+    def watch_scroll_y(self, old_value: float, new_value: float) -> None:
+        super().watch_scroll_y(old_value, new_value)
+        if new_value >= self.max_scroll_y:
+            self.pinned = True
+
+    def follow(self) -> None:
+        """Show the newest line (once laid out: a pane written before its layout too)."""
+        if self.pinned:
+            self.scroll_end(animate=False, x_axis=False)
+
+
+def fold(lines: Sequence[str], width: int) -> list[str]:
+    """``lines`` folded at ``width`` cells: at spaces where it can, inside a word (a long
+    path) where it must, continuation lines indented by two."""
+    folded: list[str] = []
+    for line in lines:
+        if len(line) <= width:
+            folded.append(line)
+        else:
+            folded += textwrap.wrap(line, width, subsequent_indent="  ") or [""]
+    return folded
 
 
 def dom_id(prefix: str, name: str) -> str:
@@ -37,7 +80,7 @@ class LogPane(Vertical):
         buffer: LogBuffer,
         *,
         max_lines: int = 2000,
-        wrap: bool = False,
+        wrap: bool = True,
         id: str | None = None,
     ) -> None:
         super().__init__(id=id or dom_id("log", name), classes="log-pane")
@@ -49,11 +92,17 @@ class LogPane(Vertical):
         self.needle = ""
         self._seen = 0
         self._settings: dict[str, tuple[bool, str]] = {}
+        self._folded_at: int | None = None
+        """The width the lines on view were folded at (None: not folded)."""
         self.border_title = name
 
     def compose(self) -> ComposeResult:
         yield Input(placeholder="filter (enter to apply, escape to close)", classes="log-filter")
-        yield Log(max_lines=self.max_lines, auto_scroll=True)
+        yield FollowingLog(max_lines=self.max_lines, auto_scroll=False)
+
+    @property
+    def log_view(self) -> FollowingLog:
+        return self.query_one(FollowingLog)
 
     def flush(self) -> int:
         """Write what arrived since the last flush; returns how many lines were written."""
@@ -66,29 +115,41 @@ class LogPane(Vertical):
             lines = [line for line in lines if self.needle in line.lower()]
         if not lines:
             return 0
-        self.query_one(Log).write_lines(self._folded(lines[-self.max_lines :]))
+        log = self.log_view
+        log.write_lines(self._folded(lines[-self.max_lines :]), scroll_end=False)
+        log.follow()
         return len(lines)
 
     def _folded(self, lines: Sequence[str]) -> Sequence[str]:
         """``lines`` folded at the pane's width when it wraps (and has been laid out)."""
-        width = self.query_one(Log).scrollable_content_region.width
-        if not self.wrap or width < 20:
-            return lines
-        return [
-            part
-            for line in lines
-            for part in textwrap.wrap(line, width, subsequent_indent="  ") or [""]
-        ]
+        width = self._fold_width()
+        return lines if width is None else fold(lines, width)
+
+    def _fold_width(self) -> int | None:
+        width = self.log_view.scrollable_content_region.width
+        return width if self.wrap and width >= 20 else None
+
+    def on_resize(self) -> None:
+        """Fold again at the new width (the first layout included)."""
+        if self.wrap and self._fold_width() != self._folded_at:
+            self.reload()
+
+    def toggle_wrap(self) -> None:
+        """Fold long lines, or show them whole and scroll sideways."""
+        self.wrap = not self.wrap
+        self.reload()
 
     def reload(self) -> None:
-        """Redraw from the whole buffer (after a filter change or a resume)."""
-        log = self.query_one(Log)
+        """Redraw from the whole buffer (after a filter change, a resume, a resize)."""
+        log = self.log_view
         log.clear()
+        self._folded_at = self._fold_width()
         self._seen = self.buffer.total
         lines = list(self.buffer.lines)
         if self.needle:
             lines = [line for line in lines if self.needle in line.lower()]
-        log.write_lines(self._folded(lines[-self.max_lines :]))
+        log.write_lines(self._folded(lines[-self.max_lines :]), scroll_end=False)
+        log.follow()
         self.border_subtitle = f"filter: {self.needle}" if self.needle else ""
 
     def show(self, name: str, buffer: LogBuffer) -> None:
@@ -105,7 +166,7 @@ class LogPane(Vertical):
 
     def start_from_now(self) -> None:
         """Empty the pane and show only lines that arrive from now on."""
-        self.query_one(Log).clear()
+        self.log_view.clear()
         self._seen = self.buffer.total
 
     def toggle_follow(self) -> None:
@@ -125,7 +186,7 @@ class LogPane(Vertical):
 
     def close_filter(self) -> None:
         self.query_one(Input).display = False
-        self.query_one(Log).focus()
+        self.log_view.focus()
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
@@ -136,4 +197,4 @@ class LogPane(Vertical):
     @property
     def text(self) -> list[str]:
         """The lines on screen now (for tests and the viewer)."""
-        return list(self.query_one(Log).lines)
+        return list(self.log_view.lines)
