@@ -50,6 +50,12 @@ failed (``sync_retries`` + 1 of them, without ``sync_time``, when every one did)
 
 LIVE_STATES = frozenset({State.STARTING, State.RUNNING, State.READY, State.UNHEALTHY})
 
+RUN_ENDED = "run ended: "
+"""How the supervisor's last notice starts (``Supervisor.run``): a record with it is over."""
+
+ETA_STEPS = 10
+"""Steps whose pace the ETA assumes for the rest of the run."""
+
 
 class LogBuffer:
     """The last ``max_lines`` lines of one stream, plus how many were ever appended.
@@ -96,6 +102,8 @@ class ProcessRow:
     cpu_percent: float | None = None
     rss_bytes: int | None = None
     gpu_memory_bytes: int | None = None
+    incarnation: int = 0
+    """How many times it became ready: the number of the ready one (0: never yet)."""
     restart_times: deque[float] = field(default_factory=lambda: deque(maxlen=32))
 
     def crash_looping(self, now: float) -> bool:
@@ -236,6 +244,8 @@ class RunState:
                     row.pid = event.pid
                 if event.new in (State.STARTING, State.RUNNING) and event.old not in LIVE_STATES:
                     row.started_at = event.t
+                if event.new is State.READY and event.incarnation:
+                    row.incarnation = event.incarnation
                 if event.exit_code is not None:
                     row.exit_code = event.exit_code
                 if event.reason:
@@ -289,6 +299,8 @@ class RunState:
                 self.notices.append(event)
                 if event.level != "debug":  # recorded, not shown (NVML absent on a CPU box)
                     self._event_line(event.t, f"[{event.level}] {event.message}")
+                if event.message.startswith(RUN_ENDED) and self.outcome is None:
+                    self.outcome = event.message.removeprefix(RUN_ENDED)
 
     def _sync_result(self, record: MetricsRecord) -> None:
         """A trainer step's sync result (its metrics, not the words of a notice: a warning
@@ -321,6 +333,7 @@ class RunState:
             row.external = getattr(status, "external", None)
             row.exit_code = status.exit_code
             row.last_reason = status.last_reason or ""
+            row.incarnation = status.incarnation
 
     # -- helpers ----------------------------------------------------------------------
 
@@ -353,14 +366,39 @@ class RunState:
         return int(total) if total else None
 
     def eta_seconds(self) -> float | None:
-        """Seconds left at the recent step rate, from the ``loss`` series."""
-        total, points = self.total_steps(), self.metrics.series("loss")[-50:]
+        """Seconds left at the rate of the last :data:`ETA_STEPS` steps (``loss`` records).
+
+        Recent steps only: a run's first steps drain the rollouts queued while the trainer
+        loaded, several times faster than the steady rate, and a mean over them read "ETA
+        0:14" with 35 s left.
+        """
+        total, points = self.total_steps(), self.metrics.series("loss")[-(ETA_STEPS + 1) :]
         if total is None or len(points) < 2:
             return None
         (t0, s0, _), (t1, s1, _) = points[0], points[-1]
         if s0 is None or s1 is None or s1 <= s0 or t1 <= t0:
             return None
-        return (total - s1) * (t1 - t0) / (s1 - s0)
+        return max(0, total - s1) * (t1 - t0) / (s1 - s0)
+
+    def served_weights(self) -> dict[str, str]:
+        """What each inference process serves, by name, as the rollout API has it from the
+        trainer (``<api>/served_version`` and ``served_incarnation``, scraped by the
+        supervisor): ``v12`` (the weights of step 12), or ``pending`` for an incarnation
+        the trainer has not pushed to yet (a restarted server serves what it started with
+        until then). Absent where nothing is known."""
+        api = next((row.name for row in self.processes.values() if row.role == "api"), None)
+        latest = self.metrics.latest
+        version = latest.get(f"{api}/served_version") if api is not None else None
+        if version is None:
+            return {}
+        pushed_to = latest.get(f"{api}/served_incarnation")
+        served = {}
+        for row in self.processes.values():
+            if row.role != "inference" or row.state is not State.READY:
+                continue
+            current = pushed_to is None or not row.incarnation or row.incarnation == pushed_to
+            served[row.name] = f"v{version:.0f}" if current else "pending"
+        return served
 
     def training(self) -> bool:
         """A trainer is alive and the run is not over."""

@@ -86,7 +86,9 @@ class DashboardScreen(Screen[None]):
         app = self.app
         state, now = app.state, app.clock()
         self.query_one(RunHeader).show(state, now, read_only=app.read_only)
-        self.query_one(ProcessTable).show(list(state.processes.values()), now)
+        self.query_one(ProcessTable).show(
+            list(state.processes.values()), now, state.served_weights()
+        )
         self.query_one(GpuTable).show(state.gpus)
         alerted = {alert.chart for alert in app.check_alerts() if alert.chart}
         for chart in self._charts:

@@ -1,4 +1,9 @@
-"""The process table: one row per supervised process, crash loops and failing probes in red."""
+"""The process table: one row per supervised process, crash loops and failing probes in red.
+
+Narrow enough for 100 columns: the role follows the name (dimmed) where it differs from it,
+and the GPU memory column is added once a process has GPU memory sampled (NVML sees a GPU).
+``weights`` says what each inference process serves (:meth:`RunState.served_weights`).
+"""
 
 from __future__ import annotations
 
@@ -10,17 +15,18 @@ from grpo_tui.supervisor.events import State
 
 COLUMNS = (
     ("name", "name"),
-    ("role", "role"),
     ("state", "state"),
     ("pid", "pid"),
-    ("uptime", "uptime"),
+    ("uptime", "up"),
     ("restarts", "restarts"),
     ("health", "health"),
     ("port", "port"),
     ("cpu", "CPU %"),
     ("rss", "RSS"),
-    ("gpu", "GPU mem"),
+    ("weights", "weights"),
 )
+GPU_COLUMN = ("gpu", "GPU mem")
+"""Added once any process has GPU memory sampled."""
 
 STATE_STYLES: dict[State, str] = {
     State.PENDING: "dim",
@@ -55,8 +61,9 @@ def format_bytes(value: int | None) -> str:
     return "-"
 
 
-def row_cells(row: ProcessRow, now: float) -> list[Text]:
-    """The cells of one row, styled so that trouble shows at a glance."""
+def row_cells(row: ProcessRow, now: float, serves: str | None = None) -> dict[str, Text]:
+    """The cells of one row by column key, styled so that trouble shows at a glance;
+    ``serves``: the weights an inference process serves (``v12``, ``pending``)."""
     crash = row.crash_looping(now)
     state_text = str(row.state)
     if crash:
@@ -68,23 +75,26 @@ def row_cells(row: ProcessRow, now: float) -> list[Text]:
     port = str(row.port) if row.port else "-"
     if row.external is not None:  # not ours: its URL where the port goes, never a pid
         pid, port = "external", row.external.split("://", 1)[-1]
-    cells = [
-        Text(row.name, style="bold"),
-        Text(row.role),
-        Text(state_text, style=STATE_STYLES[row.state]),
-        Text(pid, style="cyan" if row.external else ""),
-        Text(uptime),
-        Text(str(row.restarts), style="bold magenta" if row.restarts else ""),
-        Text(
+    name = Text(row.name, style="bold")
+    if row.role not in (row.name, "process"):
+        name.append(f" {row.role}", style="dim")
+    cells = {
+        "name": name,
+        "state": Text(state_text, style=STATE_STYLES[row.state]),
+        "pid": Text(pid, style="cyan" if row.external else ""),
+        "uptime": Text(uptime),
+        "restarts": Text(str(row.restarts), style="bold magenta" if row.restarts else ""),
+        "health": Text(
             health, style="bold red" if health == "failing" else "green" if health == "ok" else ""
         ),
-        Text(port),
-        Text(f"{row.cpu_percent:.0f}" if row.cpu_percent is not None and alive else "-"),
-        Text(format_bytes(row.rss_bytes) if alive else "-"),
-        Text(format_bytes(row.gpu_memory_bytes) if alive else "-"),
-    ]
+        "port": Text(port),
+        "cpu": Text(f"{row.cpu_percent:.0f}" if row.cpu_percent is not None and alive else "-"),
+        "rss": Text(format_bytes(row.rss_bytes) if alive else "-"),
+        "weights": Text(serves or "-", style="yellow" if serves == "pending" else ""),
+        "gpu": Text(format_bytes(row.gpu_memory_bytes) if alive else "-"),
+    }
     if crash or health == "failing" or row.state is State.FAILED:
-        for cell in cells:
+        for cell in cells.values():
             cell.stylize("on #5f0000")
     return cells
 
@@ -102,16 +112,24 @@ class ProcessTable(DataTable[Text]):
         for key, label in COLUMNS:
             self.add_column(label, key=key)
 
-    def show(self, rows: list[ProcessRow], now: float) -> None:
-        """Bring the table in line with ``rows`` (adds new processes, updates changed cells)."""
+    def show(
+        self, rows: list[ProcessRow], now: float, served: dict[str, str] | None = None
+    ) -> None:
+        """Bring the table in line with ``rows`` (adds new processes, updates changed cells);
+        ``served``: :meth:`RunState.served_weights`."""
+        served = served or {}
+        if "gpu" not in self.columns and any(r.gpu_memory_bytes is not None for r in rows):
+            key, label = GPU_COLUMN
+            self.add_column(label, key=key, default=Text("-"))
+        keys = [column.value for column in self.columns]
         for row in rows:
-            cells = row_cells(row, now)
+            cells = row_cells(row, now, served.get(row.name))
             if row.name not in self.rows:
-                self.add_row(*cells, key=row.name)
+                self.add_row(*(cells[key] for key in keys), key=row.name)
                 continue
-            for (key, _), cell in zip(COLUMNS, cells, strict=True):
-                if not _same(self.get_cell(row.name, key), cell):
-                    self.update_cell(row.name, key, cell, update_width=True)
+            for key in keys:
+                if not _same(self.get_cell(row.name, key), cells[key]):
+                    self.update_cell(row.name, key, cells[key], update_width=True)
 
     @property
     def selected(self) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from tui_recorded_run import NOW, T0, recorded_state
 
 from grpo_tui.alerts import evaluate
@@ -56,6 +57,47 @@ def test_metrics_skip_non_numbers_and_give_step_total_and_eta() -> None:
     assert state.step() == 10  # the trainer's step, not the environment's
     assert state.total_steps() == 20
     assert state.eta_seconds() == 10.0  # 10 steps left at 1 step/s
+
+
+def test_the_eta_assumes_the_pace_of_the_recent_steps() -> None:
+    """The first steps drain what was queued while the trainer loaded, fast; the ETA reads
+    the steady pace after them (a mean over all of them read "ETA 0:14" with 35 s left)."""
+    state = RunState("r")
+    t = 0.0
+    for step in range(1, 41):
+        t += 0.2 if step <= 20 else 2.0  # 20 quick steps, then 2 s a step
+        state.apply(MetricsRecord(t=t, process="trainer", step=step, data={"loss": 1.0}))
+    state.apply(MetricsRecord(t=t, process="trainer", step=40, data={"training_steps": 60}))
+    assert state.eta_seconds() == pytest.approx(40.0)  # 20 steps left at 2 s
+
+
+def test_the_weights_each_inference_process_serves() -> None:
+    """``v<step>`` of the incarnation the trainer pushed to; ``pending`` once inference was
+    restarted and the trainer has not pushed to the new one yet."""
+    state = RunState("r")
+    for name, role in (("api", "api"), ("inference", "inference"), ("trainer", "trainer")):
+        state.process(name).role = role
+    ready = StateChanged(
+        t=1, process="inference", old=State.STARTING, new=State.READY, pid=9, incarnation=1
+    )
+    state.apply(ready)
+    assert state.served_weights() == {}  # nothing reported yet
+    served = {"api/served_version": 12.0, "api/served_incarnation": 1.0}
+    state.apply(MetricsRecord(t=2, process="supervisor", step=None, data=served))
+    assert state.served_weights() == {"inference": "v12"}
+    state.apply(
+        StateChanged(t=3, process="inference", old=State.READY, new=State.BACKOFF, exit_code=9)
+    )
+    assert state.served_weights() == {}  # not serving
+    state.apply(
+        StateChanged(
+            t=4, process="inference", old=State.STARTING, new=State.READY, pid=10, incarnation=2
+        )
+    )
+    assert state.served_weights() == {"inference": "pending"}
+    served = {"api/served_version": 13.0, "api/served_incarnation": 2.0}
+    state.apply(MetricsRecord(t=5, process="supervisor", step=None, data=served))
+    assert state.served_weights() == {"inference": "v13"}
 
 
 def test_recorded_run_raises_the_expected_alerts() -> None:

@@ -61,6 +61,6 @@ async def test_viewer_rows_carry_role_and_port_from_the_journal(tmp_path: Path) 
     app = GrpoTuiApp(state, keymap_path=tmp_path / "none.toml")
     async with app.run_test(size=(160, 48)):
         table = app.screen.query_one(ProcessTable)
-        assert table.get_cell("api", "role").plain == "api"
+        assert table.get_cell("api", "name").plain == "api"  # its role is its name
         assert table.get_cell("api", "port").plain == str(port)
-        assert table.get_cell("worker", "role").plain == "env"
+        assert table.get_cell("worker", "name").plain == "worker env"  # name, then role
