@@ -39,6 +39,7 @@ from grpo_tui.screens.mode_switch import ModeSwitchScreen
 from grpo_tui.screens.quit_confirm import QuitConfirmScreen
 from grpo_tui.screens.run_viewer import RunViewerScreen
 from grpo_tui.screens.timeline import TimelineScreen
+from grpo_tui.stack.modes import RESTART_ALL
 from grpo_tui.supervisor.events import Notice
 
 if TYPE_CHECKING:
@@ -342,7 +343,13 @@ class GrpoTuiApp(App[int]):
         self.action_process_action("restart", name)
 
     def action_switch_training_mode(self) -> None:
-        self.push_screen(ModeSwitchScreen(self.state.mode))
+        """The mode dialog, saying what a switch does from the plan the switch asks
+        (``GrpoStack.switch_mode``: a stack without a plan restarts both; an attached run's
+        own supervisor plans it)."""
+        planner = None
+        if self.stack is not None:
+            planner = self.stack.planner or (lambda _: RESTART_ALL)
+        self.push_screen(ModeSwitchScreen(self.state.mode, planner))
 
     def action_live_edit(self) -> None:
         def applied(result: dict[str, Any] | None) -> None:

@@ -54,8 +54,9 @@ class HelpScreen(ModalScreen[None]):
 
     def compose(self) -> ComposeResult:
         keymap = self.app.keymap
-        with VerticalScroll(id="help-dialog", classes="dialog"):
-            yield Static("[b]grpo-tui keys[/b]")
+        dialog = VerticalScroll(id="help-dialog", classes="dialog")
+        dialog.border_title = "[b]grpo-tui keys[/b] (scroll: ↑ ↓ pgup pgdn)"
+        with dialog:
             yield Static(bindings_table("everywhere", self.app.key_bindings(), keymap))
             for title, screen in (
                 ("dashboard", DashboardScreen),

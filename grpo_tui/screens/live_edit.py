@@ -34,8 +34,9 @@ class LiveEditScreen(ModalScreen[dict[str, Any] | None]):
         in_force = read_edits(self.app.control.run_dir).values
         edited = "  ".join(f"{k}={v}" for k, v in in_force.items()) or "none yet"
         keys = ", ".join(f"{key} ({role})" for key, role in EDITABLE.items())
-        with Vertical(id="edit-dialog", classes="dialog"):
-            yield Static("[b]Live edit[/b]: applied at each process's next step", id="edit-title")
+        dialog = Vertical(id="edit-dialog", classes="dialog")
+        dialog.border_title = "[b]Live edit[/b]: applied at each process's next step"
+        with dialog:
             yield Static(f"editable: {keys}\nedited so far: {edited}", id="edit-keys")
             yield Input(placeholder="e.g. lr=3e-5 temperature=0.8", id="edit-input")
             yield Static(id="edit-result")

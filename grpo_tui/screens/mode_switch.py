@@ -1,8 +1,12 @@
 """The mode-switch modal: says what a switch will do, then shows it happening.
 
-Confirming runs ``GrpoStack.switch_mode`` (an attached run's over its socket) in a worker;
-the progress pane follows the supervisor's event log (state changes of trainer and
-inference, the switch's notices) from the moment the switch began.
+It opens on the current mode. For the mode under the cursor it says what the switch would
+do, from the same plan the switch asks (``GrpoStack.planner``, the run's
+``Plan.mode_switch``; ``grpo_tui/stack/modes.py`` follows it): in place, the trainer alone
+restarted, or inference and the trainer restarted, each with the plan's reason, or why the
+run cannot use that mode. Confirming runs ``GrpoStack.switch_mode`` (an attached run's over
+its socket) in a worker; the progress pane follows the supervisor's event log from the
+moment the switch began. The dialog's title is its border's, so it never scrolls away.
 """
 
 from __future__ import annotations
@@ -20,24 +24,49 @@ from textual.widgets.option_list import Option
 
 from grpo_tui.run_state import SUPERVISOR_LOG
 from grpo_tui.screens.host import DashboardHost
+from grpo_tui.stack.modes import SwitchPlan, SwitchPlanner
 from grpo_tui.widgets.log_pane import LogPane
 
 MODE_SUMMARIES: dict[str, str] = {
-    "none": "legacy: full checkpoint, inference restarted on it at each sync",
-    "shared_vllm": "weights shared in memory, updated in place; generation paused per step",
-    "lora_only": "LoRA adapter hot-loaded into the running server (/v1/load_lora_adapter)",
-    "lora_restart": "LoRA adapter, inference restarted with it preloaded at each sync",
-    "colocate": "shared weights, one device time-shared: inference sleeps while the trainer steps",
+    "none": "full checkpoint; inference restarted on it at each sync",
+    "shared_vllm": "weights shared in memory, updated in place; generation paused",
+    "lora_only": "LoRA adapter hot-loaded into the running server",
+    "lora_restart": "LoRA adapter; inference restarted with it at each sync",
+    "colocate": "shared weights on one device; inference sleeps while training",
 }
 """The five weight-sync modes (the profile's ``run.mode`` values), in order, and what each does."""
 
-PLAN = (
-    "1. SIGTERM the trainer: it finishes its step, writes a checkpoint, exits 0",
-    "2. stop the inference server",
-    "3. start inference with {mode}'s flags and wait until it is ready",
-    "4. start the trainer in {mode}; it resumes from the checkpoint",
-    "The API and the environments keep running; queued rollouts are kept.",
-)
+KEPT = "The API and the environments keep running; queued rollouts are kept."
+
+
+def describe_switch(mode: str, plan: SwitchPlan | None) -> str:
+    """What switching to ``mode`` does under ``plan`` (None: an attached run, whose own
+    supervisor plans it), as ``grpo_tui/stack/modes.py`` carries it out."""
+    if plan is None:
+        return (
+            f"The running supervisor plans the switch to {mode}: in place where the run "
+            "allows it, else by restarts. Its steps show below once confirmed.\n" + KEPT
+        )
+    if plan.inference is None and plan.trainer is None:
+        return (
+            f"In place: inference keeps serving and the trainer switches to {mode} at its "
+            "next step boundary; both keep their pids and the step count.\n" + KEPT
+        )
+    if plan.inference is None:
+        return (
+            f"The trainer restarts ({plan.trainer}): it finishes its step, writes a "
+            f"checkpoint, and resumes from it in {mode}. Inference keeps serving.\n" + KEPT
+        )
+    return "\n".join(
+        (
+            f"By restarts ({plan.inference}):",
+            "1. the trainer finishes its step, writes a checkpoint, exits",
+            "2. inference stops",
+            f"3. inference starts with {mode}'s flags and is waited for until ready",
+            f"4. the trainer starts in {mode}, resuming from its checkpoint",
+            KEPT,
+        )
+    )
 
 
 class ModeSwitchScreen(ModalScreen[str | None]):
@@ -49,28 +78,28 @@ class ModeSwitchScreen(ModalScreen[str | None]):
         Binding("escape", "cancel", "Cancel", id="mode-switch-cancel")
     ]
 
-    def __init__(self, current: str | None) -> None:
+    def __init__(self, current: str | None, planner: SwitchPlanner | None = None) -> None:
+        """``planner``: what a switch to a mode restarts, the one the switch asks (None:
+        an attached run, whose own supervisor plans it)."""
         super().__init__()
         self.current = current
+        self.planner = planner
         self.switching = False
         self.result: str | None = None
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="mode-dialog", classes="dialog"):
-            yield Static(
-                f"Switch weight-sync mode (now: [b]{self.current or '-'}[/b])", id="mode-title"
-            )
+        dialog = Vertical(id="mode-dialog", classes="dialog")
+        dialog.border_title = f"Switch weight-sync mode (now: [b]{self.current or '-'}[/b] •)"
+        with dialog:
             yield OptionList(
                 *(
-                    Option(f"{mode:<13} {summary}", id=mode, disabled=mode == self.current)
+                    Option(f"{'•' if mode == self.current else ' '} {mode:<13} {summary}", id=mode)
                     for mode, summary in MODE_SUMMARIES.items()
                 ),
                 id="mode-options",
             )
             yield Static(id="mode-plan")
-            yield LogPane(
-                SUPERVISOR_LOG, self.app.state.logs[SUPERVISOR_LOG], max_lines=200, wrap=True
-            )
+            yield LogPane(SUPERVISOR_LOG, self.app.state.logs[SUPERVISOR_LOG], max_lines=200)
             with Horizontal(classes="buttons"):
                 yield Button("Switch", id="mode-confirm", variant="warning", disabled=True)
                 yield Button("Cancel", id="mode-cancel")
@@ -80,26 +109,40 @@ class ModeSwitchScreen(ModalScreen[str | None]):
         pane.border_title = "progress"
         pane.display = False
         options = self.query_one(OptionList)
-        options.highlighted = next(
-            (i for i, mode in enumerate(MODE_SUMMARIES) if mode != self.current), None
-        )
+        modes = list(MODE_SUMMARIES)
+        options.highlighted = modes.index(self.current) if self.current in modes else 0
         options.focus()
         self.set_interval(0.08, pane.flush)
 
     @property
-    def chosen(self) -> str | None:
+    def highlighted(self) -> str | None:
         options = self.query_one(OptionList)
         if options.highlighted is None:
             return None
-        option = options.get_option_at_index(options.highlighted)
-        return None if option.disabled else option.id
+        return options.get_option_at_index(options.highlighted).id
+
+    @property
+    def chosen(self) -> str | None:
+        """The mode under the cursor, where a switch to it can go ahead."""
+        mode = self.highlighted
+        return mode if mode is not None and self._plan(mode)[1] else None
+
+    def _plan(self, mode: str) -> tuple[str, bool]:
+        """What a switch to ``mode`` does, and whether it can go ahead."""
+        if mode == self.current:
+            return f"{mode} is the current mode: pick another one to switch to.", False
+        try:
+            plan = self.planner(mode) if self.planner is not None else None
+        except ValueError as error:
+            return f"This run cannot switch to {mode}: {error}", False
+        return describe_switch(mode, plan), True
 
     @on(OptionList.OptionHighlighted)
     def show_plan(self) -> None:
-        mode = self.chosen
-        plan = "\n".join(line.format(mode=mode) for line in PLAN) if mode else ""
-        self.query_one("#mode-plan", Static).update(plan)
-        self.query_one("#mode-confirm", Button).disabled = mode is None or self.switching
+        mode = self.highlighted
+        text, possible = self._plan(mode) if mode is not None else ("", False)
+        self.query_one("#mode-plan", Static).update(text)
+        self.query_one("#mode-confirm", Button).disabled = not possible or self.switching
 
     @on(OptionList.OptionSelected)
     def select_and_confirm(self) -> None:
@@ -122,16 +165,19 @@ class ModeSwitchScreen(ModalScreen[str | None]):
 
     @work(exclusive=True, group="mode-switch")
     async def run_switch(self, mode: str) -> None:
-        title = self.query_one("#mode-title", Static)
-        title.update(f"Switching to [b]{mode}[/b] ...")
+        dialog = self.query_one("#mode-dialog")
+        dialog.border_title = f"Switching to [b]{mode}[/b] ..."
         started = time.monotonic()
         try:
             await self.app.switch_training_mode(mode)
         except Exception as error:
-            title.update(f"[b red]Switch to {mode} failed:[/] {error}")
+            dialog.border_title = f"[b red]Switch to {mode} failed[/]"
+            plan = self.query_one("#mode-plan", Static)
+            plan.update(f"[red]{error}[/]")
+            plan.display = True
         else:
             self.result = mode
-            title.update(f"[b green]Now in {mode}[/] ({time.monotonic() - started:.1f} s)")
+            dialog.border_title = f"[b green]Now in {mode}[/] ({time.monotonic() - started:.1f} s)"
         self.switching = False
         close = self.query_one("#mode-cancel", Button)
         close.label = "Close"

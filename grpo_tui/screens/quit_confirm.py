@@ -25,7 +25,9 @@ class QuitConfirmScreen(ModalScreen[bool]):
         self.progress = progress
 
     def compose(self) -> ComposeResult:
-        with Vertical(id="quit-dialog", classes="dialog"):
+        dialog = Vertical(id="quit-dialog", classes="dialog")
+        dialog.border_title = "[b]Quit?[/b]"
+        with dialog:
             yield Static(
                 f"Training is running ({self.progress}).\n\n"
                 "Quitting stops every process in reverse dependency order; the trainer "

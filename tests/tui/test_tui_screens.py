@@ -136,3 +136,100 @@ async def test_mode_switch_progress_folds_long_lines_at_the_dialog_width() -> No
         assert 20 <= width < len(" ".join(words))
         assert len(pane.text) > 1 and all(len(line) <= width for line in pane.text)
         assert " ".join(pane.text).split() == words  # folded, nothing cut
+
+
+def quickstart_planner(tmp_path: Path):
+    """The quickstart's own ``Plan.mode_switch`` (the plan the stack's switch asks)."""
+    from grpo_tui.plan.profile import load_profile
+    from grpo_tui.plan.roles import build_plan
+
+    profile = Path(__file__).resolve().parents[2] / "profiles" / "quickstart.toml"
+    return build_plan(load_profile(profile), run_dir=tmp_path / "run").mode_switch
+
+
+async def test_the_mode_dialog_opens_on_the_current_mode_and_says_what_a_switch_does(
+    tmp_path: Path,
+) -> None:
+    """It opened describing ``none`` with its cursor on the current mode, and listed four
+    restart steps where the switch then happened in place."""
+    app = recorded_app()
+    planner = quickstart_planner(tmp_path)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await app.push_screen(ModeSwitchScreen("shared_vllm", planner))
+        await pilot.pause()
+        modal = app.screen
+        plan = modal.query_one("#mode-plan")
+        confirm = modal.query_one("#mode-confirm")
+        assert modal.highlighted == "shared_vllm" and modal.chosen is None
+        assert "shared_vllm is the current mode" in str(plan.render()) and confirm.disabled
+        await pilot.press("down")  # lora_only: in place in the quickstart
+        assert modal.chosen == "lora_only" and not confirm.disabled
+        text = str(plan.render())
+        assert text.startswith("In place: inference keeps serving") and "1." not in text
+        await pilot.press("down")  # lora_restart: inference restarts, with the plan's reason
+        text = str(plan.render())
+        assert text.startswith(f"By restarts ({planner('lora_restart').inference}):")
+        assert "2. inference stops" in text
+        assert "Switch weight-sync mode (now: " in str(modal.query_one("#mode-dialog").border_title)
+
+
+def visible(pane: LogPane) -> list[str]:
+    """The pane's lines on screen now."""
+    log = pane.log_view
+    top = round(log.scroll_y)
+    return pane.text[top : top + log.scrollable_content_region.height]
+
+
+async def test_the_events_pane_follows_the_newest_event_and_can_be_scrolled_back() -> None:
+    """At 100x30 the events pane stayed on its first lines for good (written before its
+    first layout, Log's auto_scroll never followed)."""
+    app = recorded_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.pause()
+        pane = app.screen.query_one(LogPane)
+        await pilot.pause()
+        assert visible(pane)[-1].endswith("checkpoint step_40 written")
+        events = app.state.logs[SUPERVISOR_LOG]
+        events.extend([f"event {i}" for i in range(30)])
+        pane.flush()
+        await pilot.pause()
+        assert visible(pane)[-1] == "event 29"
+        pane.log_view.scroll_page_up(animate=False)  # as pgup / the wheel do
+        await pilot.pause()
+        held = visible(pane)
+        assert held[-1] != "event 29" and not pane.log_view.pinned
+        events.extend(["event 30"])
+        pane.flush()
+        await pilot.pause()
+        assert visible(pane) == held  # scrolled back: the view stays
+        pane.log_view.scroll_end(animate=False)
+        await pilot.pause()
+        events.extend(["event 31"])
+        pane.flush()
+        await pilot.pause()
+        assert visible(pane)[-1] == "event 31"  # at the end again: following
+
+
+async def test_a_long_log_line_is_folded_so_its_end_is_on_screen() -> None:
+    """At 100 columns a vLLM error was cut at the pane's edge ("…/v1/load_lora_ad");
+    folded at word boundaries its end is on screen, and ``w`` shows it whole, sideways."""
+    app = recorded_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await pilot.press("l")
+        logs = app.screen
+        assert isinstance(logs, LogsScreen)
+        logs.show_stream("inference")
+        await pilot.pause()
+        await pilot.pause()
+        pane = logs.pane
+        line = app.state.logs["inference"].lines[-1]
+        width = pane.log_view.scrollable_content_region.width
+        assert len(line) > width
+        shown = visible(pane)
+        assert shown[-1].endswith("(error: base mismatch)")
+        assert all(len(part) <= width for part in shown)
+        assert " ".join(part.strip() for part in pane.text[-len(shown) :]).endswith(
+            "does not match the served model tiny-llama (error: base mismatch)"
+        )
+        await pilot.press("w")
+        assert pane.text[-1] == line  # whole, the pane scrolls sideways
