@@ -49,7 +49,14 @@ def recorded_events() -> list[Event]:
             continue
         events.append(ProbeResult(t=t + 0.5, process=name, probe="readiness", ok=True))
         events.append(
-            StateChanged(t=t + 0.5, process=name, old=State.STARTING, new=State.READY, pid=pid - 1)
+            StateChanged(
+                t=t + 0.5,
+                process=name,
+                old=State.STARTING,
+                new=State.READY,
+                pid=pid - 1,
+                incarnation=1,
+            )
         )
         events.append(
             LogBatch(t=t + 0.6, process=name, lines=tuple(f"{name} line {i}" for i in range(5)))
@@ -89,6 +96,10 @@ def recorded_events() -> list[Event]:
             "phase/generating_s": 1.1,
             "phase/training_s": 0.6,
             "phase/syncing_s": 0.3,
+            "sync/split/pause_s": 0.02,
+            "sync/split/transfer_s": 0.3 + 0.01 * (step % 5),
+            "sync/split/finish_s": 0.05,
+            "sync/split/resume_s": 0.03,
         }
         if step % 3 != 2:  # steps with sequences sampled at the trained weights
             data["alignment/diff_abs_mean_lag0"] = 0.002
@@ -114,7 +125,26 @@ def recorded_events() -> list[Event]:
         events.append(
             LogBatch(t=t, process="trainer", lines=(f"step {step} loss {data['loss']:.4f}",))
         )
+        api = {
+            "api/queue_groups": float(4 + step % 5),
+            "api/time_in_queue_s": 1.5 + 0.05 * step,
+            "api/served_version": float(step - 1),
+            "api/served_incarnation": 1.0,
+        }
+        events.append(MetricsRecord(t=t, process="supervisor", step=None, data=api))
     events.append(Notice(t=NOW - 1, level="info", message="checkpoint step_40 written"))
+    events.append(
+        LogBatch(
+            t=NOW - 1,
+            process="inference",
+            lines=(
+                "ERROR 01-15 08:01:50 [serving.py:204] POST /v1/load_lora_adapter failed for "
+                "adapter policy-step40 at /runs/quickstart-20270115-080000/checkpoints/"
+                "adapter_step_40: the adapter's base model Qwen/Qwen2.5-0.5B-Instruct does not "
+                "match the served model tiny-llama (error: base mismatch)",
+            ),
+        )
+    )
     return events
 
 
