@@ -52,6 +52,7 @@ app = typer.Typer(
     no_args_is_help=False,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",
 )
 
 
@@ -96,3 +97,11 @@ def fail(error: ProfileError) -> typer.Exit:
         console.print(f"[bold red]error[/] {escape(str(problem))}", soft_wrap=True)
     console.print(f"{count} problem{'s' if count != 1 else ''}; nothing was started.")
     return typer.Exit(EXIT_BAD_INPUT)
+
+
+def require_path(path: Path) -> None:
+    """Exit 2 saying ``not found`` for a run or sweep directory that does not exist (it
+    was told "no recorded groups (rollouts/)" or "not a run directory")."""
+    if not path.exists():
+        err_console().print(f"[bold red]error[/] {escape(str(path))}: not found")
+        raise typer.Exit(EXIT_BAD_INPUT)

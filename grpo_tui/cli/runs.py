@@ -4,14 +4,18 @@ print its recorded groups (``samples``), ``edit`` a running run's hyperparameter
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.markup import escape
 
-from grpo_tui.cli.group import EXIT_BAD_INPUT, ThresholdOption, app, err_console
+from grpo_tui.cli.group import EXIT_BAD_INPUT, ThresholdOption, app, err_console, require_path
 from grpo_tui.terminal import prefer_quick_escape
+
+if TYPE_CHECKING:
+    from grpo_trainer.records.query import GroupFilter
+    from grpo_trainer.records.rollout_reader import RolloutIndex
 
 
 @app.command()
@@ -52,7 +56,7 @@ def attach(
             print(f"{name:<12} {state}")
         return
     prefer_quick_escape()
-    from grpo_tui.app import run_attach
+    from grpo_tui.launch import run_attach
 
     raise typer.Exit(run_attach(run_dir) or 0)
 
@@ -67,6 +71,7 @@ def view(
     """Open a finished run's metrics, events and logs, or a sweep's comparison (read-only)."""
     from grpo_tui.sweep.store import SweepDir
 
+    require_path(run_dir)
     if SweepDir.is_sweep(run_dir):
         prefer_quick_escape()
         from grpo_tui.sweep_app import run_sweep_app
@@ -76,7 +81,7 @@ def view(
         err_console().print(f"[bold red]error[/] {escape(str(run_dir))}: not a run directory")
         raise typer.Exit(EXIT_BAD_INPUT)
     prefer_quick_escape()
-    from grpo_tui.app import run_view
+    from grpo_tui.launch import run_view
 
     raise typer.Exit(run_view(run_dir) or 0)
 
@@ -85,7 +90,10 @@ def view(
 def samples(
     run_dir: Annotated[Path, typer.Argument(help="A run directory, e.g. runs/quickstart-...")],
     step: Annotated[
-        int | None, typer.Option("--step", help="The groups of this step (default: the last).")
+        int | None,
+        typer.Option(
+            "--step", help="The groups of this step (default: the last one with trained groups)."
+        ),
     ] = None,
     where: Annotated[
         str,
@@ -107,6 +115,7 @@ def samples(
     from grpo_trainer.records.rollout_reader import RolloutIndex
     from grpo_tui.rollout_view import MEASURES, group_json, group_renderable
 
+    require_path(run_dir)
     if color_by not in MEASURES:
         err_console().print(f"[bold red]error[/] --color-by: one of {', '.join(MEASURES)}")
         raise typer.Exit(EXIT_BAD_INPUT)
@@ -122,8 +131,7 @@ def samples(
             f"[bold red]error[/] {escape(str(run_dir))}: no recorded groups (rollouts/)"
         )
         raise typer.Exit(EXIT_BAD_INPUT)
-    last = int(index.rows["step"][select(index, flt)].max(initial=-1))
-    rows = select(index, flt.with_step(step if step is not None else last))
+    rows = select(index, flt.with_step(step if step is not None else default_step(index, flt)))
     if not len(rows):
         err_console().print(
             f"[bold red]error[/] no group matches {escape(flt.with_step(step).describe())}"
@@ -137,6 +145,19 @@ def samples(
         else:
             console.print(group_renderable(record, color_by))
             console.rule(style="dim")
+
+
+def default_step(index: RolloutIndex, flt: GroupFilter) -> int:
+    """The last step with a trained group among those ``flt`` passes, else the last step
+    (a finished run's last step holds only the groups dropped after the trainer stopped)."""
+    from grpo_trainer.records.query import select
+    from grpo_trainer.records.rollouts import KINDS
+
+    rows = select(index, flt)
+    steps = index.rows["step"][rows]
+    trained = index.rows["kind"][rows] == KINDS.index("trained")
+    chosen = steps[trained] if trained.any() else steps
+    return int(chosen.max(initial=-1))
 
 
 @app.command()
@@ -155,6 +176,7 @@ def edit(
     from grpo_trainer.live_edits import parse_assignments
     from grpo_tui.attach import control_socket
 
+    require_path(run_dir)
     console = err_console()
     try:
         values = parse_assignments(assignments)

@@ -21,6 +21,7 @@ from grpo_tui.cli.group import (
     app,
     err_console,
     fail,
+    require_path,
 )
 from grpo_tui.output import SafeStream
 from grpo_tui.plan.profile import Profile, ProfileError, load_profile
@@ -211,6 +212,7 @@ def report(
     """Write a self-contained HTML report (curves as inline SVG, the comparison table)."""
     from grpo_tui.sweep.report import write_report
 
+    require_path(target)
     try:
         path = write_report(target, output or target / "report.html", threshold=threshold)
     except ValueError as error:

@@ -28,6 +28,16 @@ def test_view_refuses_a_directory_that_is_not_a_run(tmp_path: Path) -> None:
     assert "not a run directory" in result.output
 
 
+def test_a_run_directory_that_does_not_exist_is_not_found(tmp_path: Path) -> None:
+    """It was "not a run directory" (view), "no recorded groups (rollouts/)" (samples)."""
+    missing = tmp_path / "runs" / "quickstart-20260101-000000"
+    for command in (["view"], ["samples"], ["report"], ["edit"]):
+        args = [*command, str(missing), *(["lr=1e-5"] if command == ["edit"] else [])]
+        result = runner.invoke(app, args)
+        assert result.exit_code == 2, (command, result.output)
+        assert f"{missing}: not found" in result.output.replace("\n", ""), (command, result.output)
+
+
 def test_run_dirs_started_in_the_same_second_do_not_collide(tmp_path: Path) -> None:
     path = tmp_path / "p.toml"
     path.write_text(f'[run]\nname = "x"\noutput_dir = "{tmp_path / "runs"}"\n')

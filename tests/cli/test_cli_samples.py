@@ -53,8 +53,32 @@ def test_samples_json_has_every_tokens_numbers(run_dir: Path) -> None:
             assert ratio == pytest.approx(completion["ratio"], rel=1e-3)
 
 
+def test_samples_default_to_the_last_step_the_trainer_trained(tmp_path: Path) -> None:
+    """A finished run's last step held only groups dropped after the trainer stopped, and
+    ``samples`` showed those."""
+    from recorded_rollouts import _group, write_recorded_rollouts
+
+    from grpo_trainer.records.background import BackgroundWriter
+    from grpo_trainer.records.rollout_writer import RolloutWriter
+
+    write_recorded_rollouts(tmp_path, steps=3)
+    background = BackgroundWriter("late")
+    late = RolloutWriter(tmp_path, "env.late", max_mb=8, background=background)
+    late.add(lambda: [_group(4, 0, "toy", dropped=True), _group(4, 1, "toy", dropped=True)])
+    background.close()
+    late.close()
+    result = runner.invoke(app, ["samples", str(tmp_path)])
+    assert result.exit_code == 0, result.output
+    titles = [line for line in result.output.splitlines() if line.startswith("step ")]
+    assert titles and all(title.startswith("step 3 ·") for title in titles), titles
+    dropped = runner.invoke(app, ["samples", str(tmp_path), "--where", "kind=dropped"])
+    titles = [line for line in dropped.output.splitlines() if line.startswith("step ")]
+    assert titles and all(title.startswith("step 4 ·") for title in titles), titles
+
+
 def test_samples_refuses_what_it_cannot_show(run_dir: Path, tmp_path: Path) -> None:
     cases = [
+        (["samples", str(tmp_path / "no-such-run")], "no-such-run: not found"),
         (["samples", str(tmp_path)], "no recorded groups"),
         (["samples", str(run_dir), "--where", "lag>>1"], "--where"),
         (["samples", str(run_dir), "--step", "999"], "no group matches step=999"),

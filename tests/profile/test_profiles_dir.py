@@ -86,3 +86,17 @@ def test_default_command_without_profile_outside_the_repo_exits_2(tmp_path: Path
     )
     assert proc.returncode == 2
     assert "profiles/quickstart.toml" in proc.stderr
+
+
+@pytest.mark.parametrize("name", ["quickstart.toml", "quickstart-gpu.toml"])
+def test_a_profile_comment_lists_the_modes_it_can_run(name: str) -> None:
+    """The quickstart's comment listed four modes where the README lists five."""
+    from typing import get_args
+
+    from grpo_trainer.serve.settings import Mode
+
+    text = (REPO / "profiles" / name).read_text()
+    (line,) = [line for line in text.splitlines() if line.startswith("mode = ")]
+    listed = [word.strip() for word in line.split("#", 1)[1].split("|")]
+    assert listed == list(get_args(Mode))
+    assert " | ".join(get_args(Mode)[2:]) in " ".join(text.split())  # the --mode hint
