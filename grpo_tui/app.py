@@ -1,19 +1,19 @@
 """The Textual app: wires one GRPO stack's supervisor (or a run's files) to the screens.
 
-One worker runs ``GrpoStack.run()``, one pumps its events into a plain :class:`RunState`,
-and a 2 Hz timer copies ``Supervisor.status()`` into it; screens draw that state on their
-own timers. Every binding has an id (remap in ``~/.config/grpo-tui/keymap.toml``) and every
-action is in the command palette (:mod:`grpo_tui.commands`). Quitting runs the supervisor's
-ordered shutdown; while a trainer is running it asks first.
+One worker runs ``GrpoStack.run()`` (through ``[run] notify``'s :class:`Notifier` when the
+profile has one), one pumps its events into a plain :class:`RunState`, and a 2 Hz timer
+copies ``Supervisor.status()`` into it; screens draw that state on their own timers. Every
+binding has an id (remap in ``~/.config/grpo-tui/keymap.toml``: :mod:`grpo_tui.keymap`)
+and every action is in the command palette (:mod:`grpo_tui.commands`). Quitting runs the
+supervisor's ordered shutdown; while a trainer is running it asks first. The entry points
+that build and run the app, and print the run's summary after it, are in
+:mod:`grpo_tui.launch`.
 """
 
 from __future__ import annotations
 
 import gc
-import os
-import sys
 import time
-import tomllib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -28,6 +28,7 @@ from textual.worker import Worker
 from grpo_tui.alerts import Alert, evaluate
 from grpo_tui.commands import ActionsProvider
 from grpo_tui.driver import QuickEscapeDriver
+from grpo_tui.keymap import default_keymap_path, read_keymap
 from grpo_tui.run_state import RunState
 from grpo_tui.screens.dashboard import DashboardScreen
 from grpo_tui.screens.help import HelpScreen
@@ -40,11 +41,9 @@ from grpo_tui.screens.quit_confirm import QuitConfirmScreen
 from grpo_tui.screens.run_viewer import RunViewerScreen
 from grpo_tui.screens.timeline import TimelineScreen
 from grpo_tui.stack.modes import RESTART_ALL
-from grpo_tui.supervisor.events import Notice
 
 if TYPE_CHECKING:
-    from grpo_tui.plan.profile import Profile
-    from grpo_tui.plan.roles import Plan
+    from grpo_tui.notify import Notifier
     from grpo_tui.stack.stack import GrpoStack
     from grpo_tui.supervisor.bus import Subscription
     from grpo_tui.supervisor.supervisor import RunOutcome
@@ -52,7 +51,6 @@ if TYPE_CHECKING:
 STATUS_PERIOD = 0.5
 FOLLOW_PERIOD = 1.0
 """Seconds between reads of a followed run's files (``grpo-tui attach``)."""
-EXIT_BAD_INPUT = 2
 MUTATING_ACTIONS = frozenset(
     {
         "restart_process",
@@ -65,15 +63,6 @@ MUTATING_ACTIONS = frozenset(
         "process_action",
     }
 )
-
-
-def default_keymap_path() -> Path:
-    config = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
-    return Path(config) / "grpo-tui" / "keymap.toml"
-
-
-class KeymapError(ValueError):
-    """The user's keymap file cannot be used (its path and the reason are in the message)."""
 
 
 def binding_ids() -> set[str]:
@@ -95,35 +84,6 @@ def binding_ids() -> set[str]:
         for binding in owner.BINDINGS
         if isinstance(binding, Binding) and binding.id
     }
-
-
-def read_keymap(path: Path) -> dict[str, str]:
-    """``binding-id = "key"`` lines of a TOML file (optionally under ``[keymap]``).
-
-    A missing file is an empty keymap; bad TOML, a non-string key or an unknown binding id
-    raises :class:`KeymapError` naming the file and the id.
-    """
-    if not path.is_file():
-        return {}
-    try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except tomllib.TOMLDecodeError as error:
-        raise KeymapError(f"{path}: {error}") from None
-    table = data.get("keymap", data)
-    known = binding_ids()
-    problems = [
-        f"{path}: {key}: unknown binding id (known: {', '.join(sorted(known))})"
-        for key in table
-        if key not in known
-    ]
-    problems += [
-        f"{path}: {key}: expected a key name string"
-        for key, v in table.items()
-        if not isinstance(v, str)
-    ]
-    if problems:
-        raise KeymapError("\n".join(problems))
-    return dict(table)
 
 
 class GrpoTuiApp(App[int]):
@@ -168,8 +128,11 @@ class GrpoTuiApp(App[int]):
         keymap_path: Path | None = None,
         follow: Callable[[], object] | None = None,
         notice: str = "",
+        notifier: Notifier | None = None,
     ) -> None:
         super().__init__()
+        self.notifier = notifier
+        """Runs ``[run] notify`` on the run's end, failures, stalls, alerts."""
         self.state = state
         self.follow = follow
         self.stack = stack
@@ -178,7 +141,7 @@ class GrpoTuiApp(App[int]):
         self.notice = notice
         self.clock = clock
         self.keymap_path = keymap_path or default_keymap_path()
-        self.keymap = read_keymap(self.keymap_path)
+        self.keymap = read_keymap(self.keymap_path, binding_ids())
         self.outcome: RunOutcome | None = None
         self.alerts: dict[str, Alert] = {}
         self._run_worker: Worker[None] | None = None
@@ -248,7 +211,8 @@ class GrpoTuiApp(App[int]):
     @work(group="supervisor", exit_on_error=False)
     async def _run_supervisor(self) -> None:
         assert self.stack is not None
-        outcome = await self.stack.run()
+        run = self.stack.run()
+        outcome = await (self.notifier.run(run) if self.notifier is not None else run)
         self.outcome = outcome
         self.state.outcome = f"exit {outcome.exit_code}: {outcome.reason}"
         self.state.finished_at = self.clock()
@@ -431,84 +395,3 @@ class GrpoTuiApp(App[int]):
         if self._run_worker is not None:
             await self._run_worker.wait()
         self.exit(self.outcome.exit_code if self.outcome else 0)
-
-
-def _keymap_ok() -> bool:
-    """Check the user's keymap before anything starts; print the problems if it is bad."""
-    try:
-        read_keymap(default_keymap_path())
-    except KeymapError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return False
-    return True
-
-
-def run_app(profile: Path | str | Profile, mode: str | None = None) -> int:
-    """Open the dashboard on a profile (a path or a loaded profile); returns the exit code."""
-    from grpo_tui.plan.profile import load_profile
-    from grpo_tui.plan.roles import build_plan
-
-    if not _keymap_ok():
-        return EXIT_BAD_INPUT
-    loaded = load_profile(profile, mode=mode) if isinstance(profile, str | Path) else profile
-    return run_plan_app(build_plan(loaded))
-
-
-def run_plan_app(plan: Plan, notice: str = "") -> int:
-    """Open the dashboard on a checked plan (``grpo-tui serve``'s: inference alone, with the
-    URL to attach to as its ``notice``)."""
-    from grpo_tui.headless import write_run_dir
-    from grpo_tui.stack.stack import GrpoStack
-
-    if not _keymap_ok():
-        return EXIT_BAD_INPUT
-    write_run_dir(plan)
-    stack = GrpoStack.from_plan(plan)
-    state = RunState(plan.run_dir.name, mode=plan.roles.mode, run_dir=plan.run_dir)
-    app = GrpoTuiApp(state, stack=stack, notice=notice)
-    result = app.run()
-    return result if result is not None else app.return_code or 0
-
-
-def attach_app(run_dir: Path, *, keymap_path: Path | None = None) -> GrpoTuiApp:
-    """The dashboard over a running run's files, following them (``grpo-tui attach``), with
-    its actions on the supervisor's control socket when it answers, else read-only."""
-    from grpo_tui.attach import attach_control
-    from grpo_tui.run_files import RunFollower, profile_mode
-
-    state = RunState(run_dir.name, mode=profile_mode(run_dir / "profile.toml"), run_dir=run_dir)
-    follower = RunFollower(run_dir, state)
-    follower.poll()
-    control, why = attach_control(run_dir)
-    notice = why or "actions go to the running supervisor; q leaves the run running"
-    return GrpoTuiApp(
-        state, control=control, follow=follower.poll, notice=notice, keymap_path=keymap_path
-    )
-
-
-def run_attach(run_dir: Path) -> int:
-    """``grpo-tui attach``'s dashboard (:func:`attach_app`); returns 0 (2 for a bad keymap)."""
-    from grpo_tui.attach import AttachedControl
-
-    if not _keymap_ok():
-        return EXIT_BAD_INPUT
-    app = attach_app(run_dir)
-    try:
-        app.run()
-    finally:
-        if isinstance(app.control, AttachedControl):
-            app.control.close()
-    return 0
-
-
-def run_view(run_dir: Path | str) -> int:
-    """Open a run directory read-only; returns 0 (2 for a bad keymap)."""
-    from grpo_tui.run_files import load_run
-
-    if not _keymap_ok():
-        return EXIT_BAD_INPUT
-    state, bad_lines = load_run(Path(run_dir))
-    if bad_lines:
-        state.apply(Notice(level="warning", message=f"{bad_lines} unreadable JSON lines skipped"))
-    GrpoTuiApp(state).run()
-    return 0

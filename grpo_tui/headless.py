@@ -15,7 +15,6 @@ import signal
 import socket
 import sys
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -23,8 +22,10 @@ import tomli_w
 from rich.console import Console
 from rich.markup import escape
 
+from grpo_tui.notify import Notifier
 from grpo_tui.output import SafeStream
 from grpo_tui.plan.roles import Plan
+from grpo_tui.run_summary import STATE_STYLES, RunSummary
 from grpo_tui.stack.stack import GrpoStack
 from grpo_tui.supervisor.bus import Subscription
 from grpo_tui.supervisor.events import (
@@ -49,8 +50,6 @@ ALLOCATION_FILE = "allocation.json"
 METRICS_EVERY = 5.0
 """Seconds between metrics lines on the console."""
 
-LOG_TAIL_LINES = 15
-"""Lines of a failed process's log shown in the summary."""
 
 METRICS_SHOWN = (
     ("loss", "loss", "{:.4f}"),
@@ -61,19 +60,6 @@ METRICS_SHOWN = (
     ("tokens_per_s", "tok/s", "{:.0f}"),
 )
 
-STATE_STYLES = {
-    State.READY: "green",
-    State.RUNNING: "green",
-    State.COMPLETED: "bold green",
-    State.STARTING: "cyan",
-    State.PENDING: "dim",
-    State.STOPPING: "yellow",
-    State.KILLING: "red",
-    State.STOPPED: "yellow",
-    State.BACKOFF: "magenta",
-    State.UNHEALTHY: "bold red",
-    State.FAILED: "bold red",
-}
 
 ENDED = (State.COMPLETED, State.STOPPED, State.FAILED)
 """States whose exit code is worth printing (later transitions repeat a stale one)."""
@@ -266,17 +252,6 @@ class JsonLines:
         self.stream.flush()
 
 
-def _log_tail(run_dir: Path, process: str, lines: int = LOG_TAIL_LINES) -> list[str]:
-    path = run_dir / "logs" / f"{process}.log"
-    if not path.is_file():
-        return []
-    with path.open("rb") as handle:
-        handle.seek(0, 2)
-        handle.seek(max(0, handle.tell() - 64 * 1024))
-        tail = deque(handle.read().decode("utf-8", "replace").splitlines(), maxlen=lines)
-    return list(tail)
-
-
 class HeadlessRun:
     """One supervised run without a UI; ``run()`` returns the process exit status."""
 
@@ -304,6 +279,7 @@ class HeadlessRun:
         )
         self.report = ConsoleReport(self.console, echo_logs=echo_logs)
         self.signalled: signal.Signals | None = None
+        self.notifier: Notifier | None = None
         self._shutdown: asyncio.Task[None] | None = None
 
     async def run(self) -> int:
@@ -330,7 +306,12 @@ class HeadlessRun:
         for sig in handled:
             loop.add_signal_handler(sig, self._on_signal, supervisor, sig)
         try:
-            outcome = await stack.run()
+            notify = self.plan.profile.run.notify
+            if notify:
+                self.notifier = Notifier(notify, supervisor, run_dir.name)
+                outcome = await self.notifier.run(stack.run())
+            else:
+                outcome = await stack.run()
         finally:
             for sig in handled:
                 loop.remove_signal_handler(sig)
@@ -392,22 +373,18 @@ class HeadlessRun:
                     "run_dir": str(run_dir),
                 }
             )
-        ok = exit_code == 0
-        style = "bold green" if ok else "bold red"
-        self.console.print(
-            f"[{style}]run {'finished' if ok else 'failed'}[/]: {escape(reason)} (exit {exit_code})"
-        )
-        for name, status in supervisor.status().items():
-            extra = f", exit {status.exit_code}" if status.exit_code is not None else ""
-            extra += f", external at {status.external}" if status.external else ""
-            restarts = f", {status.restarts} restarts" if status.restarts else ""
-            why = f" - {escape(status.last_reason)}" if status.last_reason else ""
-            style = STATE_STYLES.get(status.state, "")
-            self.console.print(f"  {name:<12} [{style}]{status.state}[/]{extra}{restarts}{why}")
-            if status.state == State.FAILED:
-                for line in _log_tail(run_dir, name):
-                    self.console.print(f"    [dim]|[/] {escape(line)}", soft_wrap=True)
-        self.console.print(f"run dir: {escape(str(run_dir))}")
+        metrics = self.report.metrics
+        total = metrics.get("training_steps")
+        RunSummary(
+            run_dir,
+            exit_code,
+            reason,
+            supervisor.status(),
+            step=self.report.step,
+            total_steps=int(total) if total else None,
+            reward=metrics.get("reward/mean"),
+            notify_problems=self.notifier.problems if self.notifier is not None else (),
+        ).print(self.console)
 
 
 def run_headless(

@@ -56,6 +56,6 @@ def serve(
         raise typer.Exit(code)
     err_console().print(told, markup=False)
     prefer_quick_escape()
-    from grpo_tui.app import run_plan_app
+    from grpo_tui.launch import run_plan_app
 
     raise typer.Exit(run_plan_app(plan, notice=told))

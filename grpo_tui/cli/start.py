@@ -48,7 +48,7 @@ def tui(
 
         raise typer.Exit(run_headless(plan))
     prefer_quick_escape()
-    from grpo_tui.app import run_app
+    from grpo_tui.launch import run_app
 
     raise typer.Exit(run_app(loaded) or 0)
 

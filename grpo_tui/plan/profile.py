@@ -17,7 +17,7 @@ import tomllib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import ErrorDetails
@@ -104,6 +104,13 @@ class RunSettings(BaseModel):
     )
     stall_after: float = Field(
         30.0, gt=0, description="seconds without a trainer step before the stall is explained"
+    )
+    notify: list[Annotated[str, Field(min_length=1)]] | None = Field(
+        None,
+        min_length=1,
+        description='a command, e.g. ["python", "post.py"], run when the run ends, a process '
+        "fails for good, the run stalls or an alert starts, with the facts as JSON on its "
+        "stdin (grpo_tui/notify.py)",
     )
 
     @model_validator(mode="after")

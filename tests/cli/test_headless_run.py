@@ -72,6 +72,9 @@ def test_run_exits_0_when_exit_with_completes_and_fills_the_run_dir(tmp_path: Pa
     assert run_dir.name.startswith("t-")
     assert "run finished: worker completed successfully (exit 0)" in done.stdout
     assert f"run dir: {run_dir}" in done.stdout.replace("\n", "")
+    assert f"view:    grpo-tui view {run_dir}" in done.stdout.replace("\n", "")
+    assert f"report:  grpo-tui report {run_dir}" in done.stdout.replace("\n", "")
+    assert "steps:   3 / ?, last reward 0.300" in done.stdout
     assert "metrics step 3" in done.stdout and "loss 0.3333" in done.stdout
     assert (run_dir / "logs" / "server.log").read_text().count("server ready") == 1
     assert "worker exiting with 0" in (run_dir / "logs" / "worker.log").read_text()
@@ -96,6 +99,34 @@ def test_run_fails_with_reason_and_log_tail(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "run failed: worker failed" in done.stdout
     assert "worker exiting with 3" in done.stdout  # the failed process's log tail
+
+
+def test_run_notify_gets_the_end_of_the_run_on_stdin(tmp_path: Path) -> None:
+    """``[run] notify``: a real command, the JSON payload on its stdin; a failing one is
+    reported in the summary and changes nothing of the run."""
+    sent = tmp_path / "sent.jsonl"
+    append = "import sys; open(sys.argv[1], 'a').write(sys.stdin.read() + chr(10))"
+    profile = write_profile(
+        tmp_path,
+        f"""
+        [process.worker]
+        command = {child("worker", "--life", "0.2")}
+        """,
+    )
+    notify = json.dumps([sys.executable, "-c", append, str(sent)])
+    profile.write_text(profile.read_text().replace("[run]\n", f"[run]\nnotify = {notify}\n", 1))
+    done = grpo_tui("run", str(profile))
+    assert done.returncode == 0, done.stdout + done.stderr
+    (end,) = [json.loads(line) for line in sent.read_text().splitlines()]
+    run_dir = only_run_dir(tmp_path)
+    assert (end["event"], end["exit_code"], end["run_dir"]) == ("end", 0, str(run_dir))
+    assert "notify:" not in done.stdout
+
+    failing = json.dumps([sys.executable, "-c", "import sys; sys.exit(5)"])
+    profile.write_text(profile.read_text().replace(notify, failing))
+    again = grpo_tui("run", str(profile))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "notify:  notify command for end exited 5" in again.stdout
 
 
 def test_json_lines_carry_every_event_and_the_outcome(tmp_path: Path) -> None:

@@ -90,6 +90,24 @@ CASES = {
         "run.stall_after",
         "greater than 0",
     ),
+    "notify is a command line, not a string": (
+        """
+        [run]
+        notify = "curl https://chat.example/hook"
+        """,
+        2,
+        "run.notify",
+        "valid list",
+    ),
+    "notify has no empty word": (
+        """
+        [run]
+        notify = ["python", ""]
+        """,
+        2,
+        "run.notify[1]",
+        "at least 1 character",
+    ),
     "dependency cycle": (
         f"""
         [run]

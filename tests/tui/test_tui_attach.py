@@ -24,8 +24,9 @@ from test_tui_live import SIZE, select, wait_for
 from textual.widgets import OptionList, Static
 
 from grpo_trainer.control import SupervisorLink
-from grpo_tui.app import GrpoTuiApp, attach_app
+from grpo_tui.app import GrpoTuiApp
 from grpo_tui.attach import AttachedControl, supervisor_status
+from grpo_tui.launch import attach_app
 from grpo_tui.screens.live_edit import LiveEditScreen
 from grpo_tui.screens.mode_switch import ModeSwitchScreen
 from grpo_tui.screens.run_viewer import RunViewerScreen

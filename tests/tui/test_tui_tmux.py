@@ -1,11 +1,14 @@
-"""``grpo-tui profiles/quickstart.toml`` in a real terminal (tmux), end to end. Slow (e2e).
+"""``grpo-tui profiles/quickstart.toml`` in a real terminal (tmux) of 100x30, end to end.
+Slow (e2e).
 
 The quickstart profile is copied with free ports, a temporary output directory (so it
 cannot collide with anything else on the machine) and more steps than the test lasts, then
-run in a detached tmux session: the charts must show values, the restart-inference key
-must restart inference, and quit, confirmed while the trainer runs, must leave none of the
-run's processes alive and exit 0, as a run stopped on request does (README, "exit codes"),
-saying why.
+run in a detached tmux session of the smallest size the dashboard must serve: the key bar
+must label its keys, the charts must show values, the restart-inference key must restart
+inference and the events pane must show that restart (it stayed on its first lines), and
+quit, confirmed while the trainer runs, must leave none of the run's processes alive, exit
+0 as a run stopped on request does (README, "exit codes"), saying why, and print what
+``grpo-tui run`` prints: the run directory and the commands to view and report it.
 """
 
 from __future__ import annotations
@@ -92,10 +95,10 @@ def terminal(tmp_path: Path) -> Iterator[Terminal]:
     command = f"cd {tmp_path} && {GRPO_TUI} {profile_copy(tmp_path)}; echo GRPO-TUI-EXITED $?"
     tmux = Terminal(session)
     subprocess.run(
-        ["tmux", "new-session", "-d", "-s", session, "-x", "160", "-y", "48"], check=True
+        ["tmux", "new-session", "-d", "-s", session, "-x", "100", "-y", "30"], check=True
     )
     # size the window before the app starts, whatever tmux's default-size is
-    tmux.tmux("resize-window", "-t", session, "-x", "160", "-y", "48")
+    tmux.tmux("resize-window", "-t", session, "-x", "100", "-y", "30")
     tmux.tmux("send-keys", "-t", session, command, "Enter")
     yield tmux
     subprocess.run(["tmux", "kill-session", "-t", session], capture_output=True)
@@ -105,8 +108,32 @@ def terminal(tmp_path: Path) -> Iterator[Terminal]:
 
 
 def inference_pid(screen: str) -> str | None:
-    match = re.search(r"│ inference\s+inference\s+(\w+)\s+(\d+|-)", screen)
+    match = re.search(r"│ inference\s+(\w+)\s+(\d+|-)", screen)
     return match.group(2) if match and match.group(2) != "-" else None
+
+
+def events_pane(screen: str) -> list[str]:
+    """The lines inside the events pane's border."""
+    lines = screen.splitlines()
+    top = next(i for i, line in enumerate(lines) if line.startswith("╭─ events "))
+    bottom = next(i for i in range(top + 1, len(lines)) if lines[i].startswith("╰"))
+    return [line.strip("│ ") for line in lines[top + 1 : bottom]]
+
+
+KEY_LABELS = (
+    "r Restart",
+    "x Stop",
+    "s Start",
+    "K Kill",
+    "i Restart inference",
+    "m Mode",
+    "e Edit",
+    "l Logs",
+    "g Rollouts",
+    "t Timeline",
+    "? Help",
+    "q Quit",
+)
 
 
 def test_quickstart_dashboard_in_tmux(terminal: Terminal, tmp_path: Path) -> None:
@@ -118,15 +145,27 @@ def test_quickstart_dashboard_in_tmux(terminal: Terminal, tmp_path: Path) -> Non
         ),
     )
     assert "step " in screen and "quickstart-" in screen
+    assert "…" not in screen.splitlines()[0], "the header's first line is cut"
+    for label in KEY_LABELS:
+        assert label in screen, f"key bar without {label!r}:\n{screen}"
     before = terminal.wait("inference running", lambda text: inference_pid(text) is not None)
     old_pid = inference_pid(before)
     terminal.press("i")
     terminal.wait("restart acknowledged", lambda text: "restart inference" in text)
-    terminal.wait(
+    screen = terminal.wait(
         "inference restarted",
-        lambda text: (
-            "restart inference: done" in text or inference_pid(text) not in (None, old_pid)
+        lambda text: inference_pid(text) not in (None, old_pid),
+    )
+    new_pid = inference_pid(screen)
+    screen = terminal.wait(
+        "the events pane showing the restart, the newest events",
+        lambda text: any(
+            re.search(rf"inference: \w+ -> ready pid {new_pid}\b", line)
+            for line in events_pane(text)
         ),
+    )
+    assert not any("api: pending -> starting" in line for line in events_pane(screen)), (
+        "the events pane still shows the run's first events"
     )
     assert ours(tmp_path), "the run's processes should be alive before quitting"
     terminal.press("q")
@@ -136,6 +175,10 @@ def test_quickstart_dashboard_in_tmux(terminal: Terminal, tmp_path: Path) -> Non
     exited = EXITED.search(screen)
     assert exited is not None and exited.group(1) == "0", f"grpo-tui did not exit 0:\n{screen}"
     (events,) = (tmp_path / "runs").glob("*/events.jsonl")
+    printed = "".join(screen.splitlines())  # a long path wraps at 100 columns
+    assert f"run dir: {events.parent}" in printed, screen
+    assert f"view:    grpo-tui view {events.parent}" in printed, screen
+    assert "steps:   " in screen and ", last reward " in screen
     ended = [
         json.loads(line)["message"]
         for line in events.read_text().splitlines()

@@ -12,7 +12,8 @@ from tui_recorded_run import recorded_state
 from tui_stack import stack
 
 from grpo_trainer.serve.settings import Mode
-from grpo_tui.app import GrpoTuiApp, KeymapError, read_keymap
+from grpo_tui.app import GrpoTuiApp, binding_ids
+from grpo_tui.keymap import KeymapError, read_keymap
 from grpo_tui.run_files import load_run
 from grpo_tui.screens.logs import LogsScreen
 from grpo_tui.screens.mode_switch import MODE_SUMMARIES
@@ -82,8 +83,8 @@ def test_bad_keymap_is_refused_with_the_id(tmp_path: Path) -> None:
     keymap = tmp_path / "keymap.toml"
     keymap.write_text('restart-inferense = "ctrl+r"\n')
     with pytest.raises(KeymapError, match="restart-inferense: unknown binding id"):
-        read_keymap(keymap)
+        read_keymap(keymap, binding_ids())
     keymap.write_text("not toml [\n")
     with pytest.raises(KeymapError, match=str(keymap)):
-        read_keymap(keymap)
-    assert read_keymap(tmp_path / "absent.toml") == {}
+        read_keymap(keymap, binding_ids())
+    assert read_keymap(tmp_path / "absent.toml", binding_ids()) == {}
