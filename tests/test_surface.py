@@ -180,6 +180,7 @@ PROFILE_KEYS = [
     "run.mode",
     "run.model",
     "run.name",
+    "run.notify",
     "run.on_needed_failure",
     "run.output_dir",
     "run.seed",
