@@ -16,7 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from grpo_tui.supervisor.events import State
-from grpo_tui.supervisor.lifecycle import ProcessStatus
+from grpo_tui.supervisor.record import ProcessStatus
 
 LOG_TAIL_LINES = 15
 """Lines of a failed process's log shown in the summary."""
