@@ -37,8 +37,8 @@ def test_an_external_server_shows_its_url_and_no_pid_from_the_journal(tmp_path: 
     inference, trainer = state.processes["inference"], state.processes["trainer"]
     assert (inference.external, trainer.external) == (URL, None)
     inference.health = "ok"
-    cells = [cell.plain for cell in row_cells(inference, time.time())]
-    assert cells[:4] == ["inference", "inference", "ready", "external"], cells
-    assert (cells[6], cells[7]) == ("ok", "gpu-node:9001"), cells
-    assert "4242" not in cells, "a pid shown for a process that is not ours"
-    assert row_cells(trainer, time.time())[3].plain == "4343"
+    cells = {key: cell.plain for key, cell in row_cells(inference, time.time()).items()}
+    assert (cells["name"], cells["state"], cells["pid"]) == ("inference", "ready", "external")
+    assert (cells["health"], cells["port"]) == ("ok", "gpu-node:9001"), cells
+    assert "4242" not in cells.values(), "a pid shown for a process that is not ours"
+    assert row_cells(trainer, time.time())["pid"].plain == "4343"
