@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -210,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     seeds = range(int(first), int(last))
     done = load(args.results)
     todo = [] if args.report else [s for s in seeds if s not in done]
-    print(f"{len(seeds) - len(todo)} of {len(seeds)} seeds done already; {len(todo)} to play")
+    played = sum(1 for s in seeds if s in done)
+    print(f"{played} of {len(seeds)} seeds played already; {len(todo)} to play")
     lock = threading.Lock()
     began = time.monotonic()
     args.results.parent.mkdir(parents=True, exist_ok=True)
@@ -218,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
         futures = [
             pool.submit(run_seed, s, args.length, args.workdir, args.shrink, lock) for s in todo
         ]
-        for future in futures:
+        for future in as_completed(futures):  # stored as each ends: a run cut short keeps it
             record = future.result()
             with lock, args.results.open("a") as out:
                 out.write(json.dumps(record.__dict__) + "\n")
