@@ -91,6 +91,8 @@ class LogPane(Vertical):
         self.following = True
         self.needle = ""
         self._seen = 0
+        self._start = 0
+        """The buffer's total when the pane started showing (:meth:`start_from_now`)."""
         self._settings: dict[str, tuple[bool, str]] = {}
         self._folded_at: int | None = None
         """The width the lines on view were folded at (None: not folded)."""
@@ -140,12 +142,12 @@ class LogPane(Vertical):
         self.reload()
 
     def reload(self) -> None:
-        """Redraw from the whole buffer (after a filter change, a resume, a resize)."""
+        """Redraw from the whole buffer, or what came since :meth:`start_from_now` (after a
+        filter change, a resume, a resize)."""
         log = self.log_view
         log.clear()
         self._folded_at = self._fold_width()
-        self._seen = self.buffer.total
-        lines = list(self.buffer.lines)
+        lines, self._seen = self.buffer.since(self._start)
         if self.needle:
             lines = [line for line in lines if self.needle in line.lower()]
         log.write_lines(self._folded(lines[-self.max_lines :]), scroll_end=False)
@@ -157,7 +159,7 @@ class LogPane(Vertical):
         if name == self.stream and buffer is self.buffer:
             return
         self._settings[self.stream] = (self.following, self.needle)
-        self.stream, self.buffer = name, buffer
+        self.stream, self.buffer, self._start = name, buffer, 0
         self.following, self.needle = self._settings.get(name, (True, ""))
         self.border_title = name
         self.reload()
@@ -165,9 +167,10 @@ class LogPane(Vertical):
             self.border_subtitle = "paused"
 
     def start_from_now(self) -> None:
-        """Empty the pane and show only lines that arrive from now on."""
+        """Empty the pane and show only lines that arrive from now on (a resize, which
+        folds the lines again, included)."""
         self.log_view.clear()
-        self._seen = self.buffer.total
+        self._seen = self._start = self.buffer.total
 
     def toggle_follow(self) -> None:
         self.following = not self.following

@@ -128,7 +128,10 @@ async def test_mode_switch_progress_folds_long_lines_at_the_dialog_width() -> No
         pane = app.screen.query_one(LogPane)
         pane.display = True
         pane.start_from_now()
-        await pilot.pause()
+        for _ in range(200):  # laid out: on a loaded machine one pause may not be enough
+            await pilot.pause(0.01)
+            if pane.query_one(Log).scrollable_content_region.width:
+                break
         words = [f"word{i:02d}" for i in range(40)]
         app.state.logs[SUPERVISOR_LOG].extend([" ".join(words)])
         pane.flush()
@@ -136,6 +139,8 @@ async def test_mode_switch_progress_folds_long_lines_at_the_dialog_width() -> No
         assert 20 <= width < len(" ".join(words))
         assert len(pane.text) > 1 and all(len(line) <= width for line in pane.text)
         assert " ".join(pane.text).split() == words  # folded, nothing cut
+        pane.reload()  # what a resize does: fold again, still from the dialog's start
+        assert " ".join(pane.text).split() == words
 
 
 def quickstart_planner(tmp_path: Path):
