@@ -15,7 +15,9 @@ another commit can be measured with the same script.
 Then the views at scale (``tui_views.py``, headless, 200x50): the rollout inspector over a
 100,000-group record (first open; each group opened by a key press, target < 200 ms) and
 the step timeline of 8 processes x 1,000 steps redrawn as its 2 Hz timer does (target
-< 30 ms of CPU a redraw). ``--views-only`` runs only these (no tmux needed).
+< 30 ms of CPU a redraw), and the dashboard at 100x30 over 1,000 steps (a full redraw of
+what is on screen, target < 30 ms of CPU). ``--views-only`` runs only these (no tmux
+needed).
 
     python benchmarks/tui.py [--seconds 30] [--lines-per-s 20000] [--repeats 20] [--views-only]
 """

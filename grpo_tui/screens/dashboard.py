@@ -66,11 +66,12 @@ class DashboardScreen(Screen[None]):
     def on_mount(self) -> None:
         self.query_one(LogPane).border_title = "events"
         self._charts = list(self.query(MetricChart))
+        self._grid = self.query_one("#charts", Grid)
         self._next_chart = 0
         self.redraw()
         self.flush_events()
         for chart in self._charts:
-            self._redraw_chart(chart)
+            self._redraw_chart(chart, hidden_too=True)
         rows = len(self._charts) / CHARTS_PER_TICK
         self.set_interval(REDRAW_PERIOD / rows, self.redraw_next_charts)
         self.set_interval(LOG_FLUSH_PERIOD, self.flush_events)
@@ -106,7 +107,12 @@ class DashboardScreen(Screen[None]):
                 self._redraw_chart(self._charts[self._next_chart])
                 self._next_chart = (self._next_chart + 1) % len(self._charts)
 
-    def _redraw_chart(self, chart: MetricChart) -> None:
+    def _redraw_chart(self, chart: MetricChart, *, hidden_too: bool = False) -> None:
+        """Redraw ``chart`` if its data changed, and (unless ``hidden_too``) only if it is in
+        view: at 100x30 eight of the twelve are scrolled out, and drawing them cost a third
+        of a redraw. One scrolled into view is drawn by the next turn (or the scroll key)."""
+        if not (hidden_too or chart.region.overlaps(self._grid.region)):
+            return
         state = self.app.state
         if chart.spec.x == "time":
             chart.t0 = state.started_at or 0.0
@@ -117,8 +123,14 @@ class DashboardScreen(Screen[None]):
         return self.query_one(ProcessTable).selected
 
     def action_scroll_charts(self, pages: int) -> None:
-        """Scroll the chart grid a page (where it does not fit: short or narrow terminals)."""
-        grid = self.query_one("#charts", Grid)
+        """Scroll the chart grid a page (where it does not fit: short or narrow terminals),
+        and draw the charts it brings into view."""
+        grid = self._grid
         grid.scroll_to(
             y=grid.scroll_y + pages * grid.scrollable_content_region.height, animate=False
         )
+        self.call_after_refresh(self._draw_charts_in_view)
+
+    def _draw_charts_in_view(self) -> None:
+        for chart in self._charts:
+            self._redraw_chart(chart)

@@ -1,25 +1,22 @@
 """One chart of one or more metric series, redrawn from a snapshot when its data changed.
 
-Built on textual-plot's ``PlotWidget`` (a maintained Textual-native widget with axes, tick
-labels, braille high-resolution lines and several series per plot). Textual's ``Sparkline``
-has no axes, no second series and no reference lines; plotext renders through a string
-that textual-plotext re-parses on every frame and is not installed here. The charts never
-redraw per event: the dashboard calls :meth:`MetricChart.redraw` on a timer.
+Drawn as text by :mod:`grpo_tui.widgets.braille_plot` (braille lines, value and step axes,
+several series, reference lines), in one widget a chart. The charts never redraw per
+event: the dashboard calls :meth:`MetricChart.redraw` on a timer, and a chart scrolled out
+of view is left for when it comes back into view.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from contextlib import ExitStack
 from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
-from textual.app import ComposeResult, RenderResult
-from textual.containers import Vertical
-from textual_hires_canvas import Canvas
-from textual_plot import HiResMode, NumericAxisFormatter, PlotWidget
+from rich.console import Group, RenderableType
+from textual.widget import Widget
+from textual_plot import NumericAxisFormatter
 
 from grpo_trainer.records.timeline import SYNC_SPLIT
 from grpo_trainer.train.phases import PHASES
@@ -30,6 +27,7 @@ from grpo_tui.alerts import (
     MISMATCH_KL_MAX,
 )
 from grpo_tui.run_state import Point, SeriesStore
+from grpo_tui.widgets.braille_plot import Y_LABELS, Line, chart_rows
 
 PALETTE = ("cyan", "magenta", "yellow", "green", "red", "blue")
 UNSIZED_BUCKETS = 120
@@ -121,51 +119,35 @@ def downsample(points: Sequence[Point], buckets: int) -> Sequence[Point]:
     return [points[i] for i in sorted(keep)]
 
 
-class Plot(PlotWidget, can_focus=False):
-    """A compact plot that never takes focus, so the arrow keys stay with the process table."""
-
-    def on_mount(self) -> None:
-        self.margin_top = 0
-        self.margin_bottom = 1
-        self.margin_left = 7
-        self.set_y_formatter(ValueAxisFormatter())
-
-    def render(self) -> RenderResult:
-        """Draw with one refresh per canvas instead of one per braille cell set."""
-        with ExitStack() as stack:
-            for canvas in self.query(Canvas):
-                stack.enter_context(canvas.batch_refresh())
-            return super().render()
-
-    @property
-    def dots_across(self) -> int:
-        """Braille dots across the plotting area (:data:`UNSIZED_BUCKETS` before layout)."""
-        width = self.size.width - self.margin_left
-        return 2 * width if width > 0 else UNSIZED_BUCKETS
-
-
-class MetricChart(Vertical):
-    """A titled chart; the border title carries the latest values, the border turns red on alert."""
+class MetricChart(Widget):
+    """A titled chart; the border title carries the latest values, the border turns red on
+    alert."""
 
     def __init__(self, spec: ChartSpec, *, t0: float = 0.0) -> None:
         super().__init__(id=f"chart-{spec.id}", classes="chart")
         self.spec = spec
         self.t0 = t0
         self._signature: tuple[object, ...] | None = None
+        self._data: dict[str, list[Point]] = {}
+        self._renderable: RenderableType = ""
         self.border_title = spec.title
-
-    def compose(self) -> ComposeResult:
-        yield Plot(allow_pan_and_zoom=False)
-
-    def on_mount(self) -> None:
-        if self.spec.x == "step":
-            self.query_one(Plot).set_x_formatter(StepAxisFormatter())
+        self.x_format: NumericAxisFormatter = (
+            StepAxisFormatter() if spec.x == "step" else NumericAxisFormatter()
+        )
+        self.y_format = ValueAxisFormatter()
 
     def show_spec(self, spec: ChartSpec) -> None:
         """Chart another set of series from the next :meth:`redraw` on."""
         self.spec = spec
         self.border_title = spec.title
+        self.x_format = StepAxisFormatter() if spec.x == "step" else NumericAxisFormatter()
         self._signature = None
+
+    @property
+    def dots_across(self) -> int:
+        """Braille dots across the plotting area (:data:`UNSIZED_BUCKETS` before layout)."""
+        width = self.content_region.width - Y_LABELS - 1
+        return 2 * width if width > 0 else UNSIZED_BUCKETS
 
     def redraw(self, store: SeriesStore) -> bool:
         """Draw the current data if it changed since the last call; True if it redrew."""
@@ -175,30 +157,58 @@ class MetricChart(Vertical):
         if signature == self._signature:
             return False
         self._signature = signature
-        plot = self.query_one(Plot)
-        plot.clear()
+        self._data = data
         self.border_title = self._title(data)
+        self._draw()
+        return True
+
+    def on_resize(self) -> None:
+        self._draw()
+
+    def _draw(self) -> None:
+        """Lay the last data out at the current size."""
+        lines: list[Line] = []
         xs_all: list[float] = []
         ys_all: list[float] = []
-        for index, points in enumerate(data.values()):
-            shown = downsample(points, plot.dots_across)
-            xs = [self._x(p) for p in shown]
-            ys = [p[2] for p in shown]
-            xs_all += xs
-            ys_all += ys
-            style = PALETTE[index % len(PALETTE)]
-            plot.plot(np.array(xs), np.array(ys), line_style=style, hires_mode=HiResMode.BRAILLE)
-        if xs_all:
-            x_range = np.array([min(xs_all), max(xs_all)])
-            for y in self.spec.lines:
-                plot.plot(
-                    x_range, np.array([y, y]), line_style="green", hires_mode=HiResMode.BRAILLE
-                )
-            ys_all += self.spec.lines
-            plot.set_xlimits(*padded_range(min(xs_all), max(xs_all), 1.0))
-            low, high = min(ys_all), max(ys_all)
-            plot.set_ylimits(*padded_range(low, high, 0.1 * abs(high) or 1.0))
-        return True
+        for index, points in enumerate(self._data.values()):
+            shown = downsample(points, self.dots_across)
+            xs = np.array([self._x(p) for p in shown], dtype=float)
+            ys = np.array([p[2] for p in shown], dtype=float)
+            xs_all += xs.tolist()
+            ys_all += ys.tolist()
+            lines.append(Line(xs, ys, PALETTE[index % len(PALETTE)]))
+        size = self.content_region.size
+        if not xs_all or not size:
+            self._renderable = "" if xs_all else "[dim]no data[/]"
+            self.refresh()
+            return
+        x_range = padded_range(min(xs_all), max(xs_all), 1.0)
+        bands = [Line(np.array(x_range), np.array([y, y]), "green") for y in self.spec.lines]
+        ys_all += self.spec.lines
+        low, high = min(ys_all), max(ys_all)
+        y_range = padded_range(low, high, 0.1 * abs(high) or 1.0)
+        rows = chart_rows(
+            [*bands, *lines],
+            x_range,
+            y_range,
+            (size.width, size.height),
+            self.x_format,
+            self.y_format,
+        )
+        self._renderable = Group(*rows)
+        self.refresh()
+
+    def render(self) -> RenderableType:
+        return self._renderable
+
+    @property
+    def axis_text(self) -> tuple[str, str]:
+        """The drawn (bottom axis labels, value labels), for tests."""
+        rows = list(self._renderable.renderables) if isinstance(self._renderable, Group) else []
+        if len(rows) < 2:
+            return "", ""
+        values = "\n".join(str(row)[:Y_LABELS] for row in rows[:-2])
+        return str(rows[-1]), values
 
     def _x(self, point: Point) -> float:
         t, step, _ = point

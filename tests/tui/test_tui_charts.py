@@ -7,22 +7,16 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.text import Text
-from textual_hires_canvas import Canvas
 
 from grpo_tui.app import GrpoTuiApp
 from grpo_tui.run_state import RunState
 from grpo_tui.screens.dashboard import DashboardScreen
 from grpo_tui.supervisor.events import GpuSample, MetricsRecord, ResourceSample
 from grpo_tui.widgets.gpu_table import GpuTable, gpu_table
-from grpo_tui.widgets.metric_chart import MetricChart, Plot
+from grpo_tui.widgets.metric_chart import DASHBOARD_CHARTS, MetricChart
 
 T0 = 1_800_000_000.0
 SIZE = (160, 48)
-
-
-def margin_text(chart: MetricChart, canvas_id: str) -> str:
-    canvas = chart.query_one(Plot).query_one(f"#{canvas_id}", Canvas)
-    return "\n".join("".join(row) for row in canvas._buffer)
 
 
 async def draw(state: RunState) -> dict[str, tuple[str, str, str]]:
@@ -37,8 +31,7 @@ async def draw(state: RunState) -> dict[str, tuple[str, str, str]]:
         return {
             chart.spec.id: (
                 Text.from_markup(str(chart.border_title)).plain,
-                margin_text(chart, "margin-bottom"),
-                margin_text(chart, "margin-left"),
+                *chart.axis_text,
             )
             for chart in dashboard.query(MetricChart)
         }
@@ -57,7 +50,7 @@ async def test_one_point_and_a_constant_series_get_integer_steps_and_a_real_rang
     assert "0.99" not in x_axis and "1.00" not in x_axis
     assert x_axis.split() == ["0", "1", "2"]
     assert "-0.0" not in y_axis and "0.0000" not in y_axis
-    assert set(y_axis.split()) >= {"-1.0", "0.0", "1.0"}
+    assert {float(label) for label in y_axis.split()} >= {-1.0, 0.0, 1.0}
 
     _, x_axis, y_axis = charts["mean_ratio"]
     assert x_axis.split() == ["1", "2", "3"]
@@ -122,3 +115,28 @@ async def test_gpu_table_shows_holders_memory_and_utilisation_and_hides_without_
     assert lines[0][6:11] == ["GPU", "1", "trainer", "20.0/140", "GB"]
     assert lines[1][:6] == ["GPU", "2", "inference", "30.0/140", "GB", "50%"]
     assert lines[1][6:9] == ["GPU", "3", "-"]
+
+
+async def test_a_chart_out_of_view_is_drawn_when_scrolled_into_view() -> None:
+    """At 100x30 most charts are scrolled out: their turns skip them (a third of a redraw's
+    CPU), and the scroll key draws those it brings into view with the newest data."""
+    state = RunState("scroll", started_at=T0)
+    state.apply(MetricsRecord(t=T0 + 1, process="trainer", step=1, data={"sync_time": 0.5}))
+    app = GrpoTuiApp(state, clock=lambda: T0 + 5, keymap_path=Path("/nonexistent/keymap"))
+    async with app.run_test(size=(100, 30)) as pilot:
+        dashboard = app.screen
+        assert isinstance(dashboard, DashboardScreen)
+        await pilot.pause()
+        sync = dashboard.query_one("#chart-sync_time", MetricChart)
+        assert not sync.region.overlaps(dashboard.query_one("#charts").region)
+        state.apply(MetricsRecord(t=T0 + 2, process="trainer", step=2, data={"sync_time": 0.75}))
+        for _ in range(len(DASHBOARD_CHARTS)):
+            dashboard.redraw_next_charts()
+        await pilot.pause()
+        assert Text.from_markup(str(sync.border_title)).plain.endswith("0.5")
+        for _ in range(4):
+            await pilot.press("pagedown")
+        await pilot.pause()
+        assert sync.region.overlaps(dashboard.query_one("#charts").region)
+        assert Text.from_markup(str(sync.border_title)).plain.endswith("0.75")
+        assert "2" in sync.axis_text[0].split()
