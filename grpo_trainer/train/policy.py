@@ -13,7 +13,7 @@ from torch import nn
 
 from grpo_trainer.models import load_model
 from grpo_trainer.train.config import TrainerConfig
-from grpo_trainer.train.resume import ResumePoint
+from grpo_trainer.train.resume import ResumePoint, served_at_start
 
 
 @dataclass
@@ -22,7 +22,8 @@ class Policy:
 
     model: nn.Module
     base: str
-    """The full model path/id under the trained weights (recorded in adapter checkpoints)."""
+    """The full model path/id under the trained weights (recorded in adapter checkpoints):
+    in a LoRA mode what a starting inference server loads (``resume.served_at_start``)."""
 
 
 def missing_lora_targets(model_name: str, targets: list[str]) -> list[str]:
@@ -42,8 +43,9 @@ def missing_lora_targets(model_name: str, targets: list[str]) -> list[str]:
     return [t for t in targets if t != "all-linear" and t not in names]
 
 
-def add_fresh_adapter(model: nn.Module, config: TrainerConfig) -> nn.Module:
-    """Wrap ``model`` in a new trainable LoRA adapter (initialised from ``config.seed``)."""
+def add_fresh_adapter(model: nn.Module, config: TrainerConfig, base: str) -> nn.Module:
+    """Wrap ``model`` (the full weights at ``base``) in a new trainable LoRA adapter
+    (initialised from ``config.seed``)."""
     from peft import LoraConfig, get_peft_model
 
     torch.manual_seed(config.seed)
@@ -54,7 +56,21 @@ def add_fresh_adapter(model: nn.Module, config: TrainerConfig) -> nn.Module:
         target_modules=config.lora_target_modules,
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, lora)
+    return record_base(get_peft_model(model, lora), base)
+
+
+def record_base(model: nn.Module, base: str) -> nn.Module:
+    """Every adapter of ``model`` names ``base`` as the full weights it is trained on
+    (``base_model_name_or_path`` in each ``adapter_config.json`` it writes); returns it.
+
+    peft records the folder the model was loaded from. After an in-place switch into a LoRA
+    mode the weights are those at the switch (``step_N``), not that folder's, and an adapter
+    resumed from a checkpoint written then says that folder too: ``lora_restart`` restarted
+    inference on the folder, and served the adapter on other weights (issue 35).
+    """
+    for adapter in model.peft_config.values():
+        adapter.base_model_name_or_path = base
+    return model
 
 
 def build_policy(config: TrainerConfig, point: ResumePoint | None) -> Policy:
@@ -64,13 +80,14 @@ def build_policy(config: TrainerConfig, point: ResumePoint | None) -> Policy:
         "device": config.device,
         "gradient_checkpointing": config.gradient_checkpointing,
     }
-    base = config.model_name if point is None else point.model_path
+    base = served_at_start(point, config.weight_bridge_mode).model or config.model_name
     if config.is_lora:
         adapter = None if point is None else point.adapter_path
         if adapter is None:
-            model = add_fresh_adapter(load_model(base, **load), config)
+            model = add_fresh_adapter(load_model(base, **load), config, base)
         else:
             model = load_model(base, adapter=adapter, trainable_adapter=True, **load)
+            record_base(model, base)
         if config.gradient_checkpointing:
             model.enable_input_require_grads()
         return Policy(model, base)

@@ -21,23 +21,11 @@ from grpo_trainer.train.memory_fit import GpuDoesNotFit, footprint, startup_prob
 from grpo_trainer.train.policy import build_policy, reference_model
 from grpo_trainer.train.recording import StepRecorder, fast_decode
 from grpo_trainer.train.reporter import Reporter
-from grpo_trainer.train.resume import RESUMED, ResumePoint, resolve_resume, resume_from_path
+from grpo_trainer.train.resume import RESUMED, ResumePoint, resume_point
 from grpo_trainer.train.sources import ApiSource, BatchSource, FileSource
 from grpo_trainer.train.strategy import make_strategy, sync_context
 from grpo_trainer.train.switch import switch_in_place
 from grpo_trainer.train.weight_path import SyncLagExceeded
-
-
-def resume_point(config: TrainerConfig) -> ResumePoint | None:
-    """``--resume auto``: the rule in ``resolve_resume``; ``--resume PATH``: that checkpoint,
-    until this run saved its own: a restarted trainer then continues from those (the rule in
-    ``resolve_resume``), not from the start point again."""
-    if config.resume is None:
-        return None
-    own = resolve_resume(config.checkpoint_dir, config.weight_bridge_mode)
-    if config.resume == "auto" or own is not None:
-        return own
-    return resume_from_path(config.resume, config.weight_bridge_mode)
 
 
 def make_source(config: TrainerConfig, reporter: Reporter) -> BatchSource:
@@ -256,7 +244,7 @@ def _run(config: TrainerConfig, world: Dist) -> int:
     else:
         reporter = Reporter(link=None, metrics_path=None)
     try:
-        point = resume_point(config)
+        point = resume_point(config.checkpoint_dir, config.weight_bridge_mode, config.resume)
         if point is not None:
             reporter.event(
                 "info",

@@ -10,7 +10,8 @@ optimizer state are kept:
 2. the old strategy is closed (inference woken, generation resumed), and parameters that
    were views of the server's memory become the trainer's own;
 3. full <-> LoRA (the trained parameter set changes): a checkpoint of the step, then a
-   fresh adapter on the current weights (they are its base: ``step_N``) or the adapter
+   fresh adapter on the current weights (they are its base: ``step_N``, on disk before the
+   adapter exists, so that a restarted server serves them under it) or the adapter
    merged in; a fresh optimizer, and the KL reference of the new mode. Measured on CPU
    against a restart of the trainer with its imports done: ``benchmarks/mode_switch.py``;
 4. the new strategy attaches (shares, pushes or loads the weights), and after a change of
@@ -33,8 +34,8 @@ from grpo_trainer.train.config import TrainerConfig
 from grpo_trainer.train.loss import LossSettings
 from grpo_trainer.train.optim import build_optimizer
 from grpo_trainer.train.policy import add_fresh_adapter, reference_model
+from grpo_trainer.train.resume import resolve_resume, served_at_start
 from grpo_trainer.train.strategy import make_strategy
-from grpo_trainer.weight_dirs.layout import checkpoint_name
 
 if TYPE_CHECKING:
     from grpo_trainer.train.loop import Trainer
@@ -99,10 +100,16 @@ def _switch(trainer: Trainer, config: TrainerConfig) -> None:
     if trainer.strategy is not None and trainer.strategy.shares_weights:
         own_weights(model)
     if reshaped and config.is_lora:
-        model = add_fresh_adapter(model, config)
+        # the adapter's base: the full weights at the switch, just checkpointed; found by
+        # the rule every later start of inference loads by (docs/inference.md)
+        point = resolve_resume(config.checkpoint_dir, config.weight_bridge_mode)
+        base = served_at_start(point, config.weight_bridge_mode).model
+        if base is None:
+            raise RuntimeError(f"the switch's checkpoint is not in {config.checkpoint_dir}")
+        trainer.base = base
+        model = add_fresh_adapter(model, config, base)
         if config.gradient_checkpointing:
             model.enable_input_require_grads()
-        trainer.base = str(config.checkpoint_dir / checkpoint_name(trainer.step, adapter=False))
     elif reshaped:
         model = model.merge_and_unload()
         model.requires_grad_(True)

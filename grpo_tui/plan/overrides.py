@@ -22,7 +22,7 @@ from grpo_trainer.api.settings import ApiSettings
 from grpo_trainer.live_edits import EDITABLE, unknown_keys
 from grpo_trainer.serve.settings import LORA_MODES, InferenceSettings, Mode
 from grpo_trainer.train.config import TrainerConfig
-from grpo_trainer.train.resume import resolve_resume
+from grpo_trainer.train.resume import ServedWeights, resume_point, served_at_start
 from grpo_trainer.weight_dirs.layout import read_checkpoint
 from grpo_tui.plan.settings import TRAINER_WIRED, RoleSettings, require, trainer_config
 
@@ -46,9 +46,10 @@ class Overrides:
 
     mode: str
     inference_model: str | None = None
-    """The model inference serves instead of the base (a full checkpoint)."""
+    """The model a restart asked inference to serve (a full checkpoint); None with no
+    ``adapter`` either: what ``served_on_start`` finds when the spec is built."""
     adapter: str | None = None
-    """The LoRA adapter inference serves on ``inference_model`` (or the base)."""
+    """The LoRA adapter a restart asked inference to serve on ``inference_model``."""
     keys: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     """Settings given at restarts and in live edits, by role process (``trainer``,
     ``env-1``): they win over the process's table in the profile."""
@@ -62,8 +63,9 @@ def respecified(
     ``mode`` switches the weight-sync mode (taken by inference and the trainer); inference
     also takes ``model`` (a full checkpoint to serve) and ``lora_path`` / ``adapter``
     (served on the base it was trained on). Without an explicit model or adapter, inference
-    serves the newest checkpoint of the mode (``resolve_resume``), which is what a crash
-    restart or a mode switch needs. Any other key must be a field of the role's settings
+    serves what ``served_on_start`` finds when its spec is built: the weights under the
+    trainer's adapter, which a crash restart, a restart by key and a mode switch need.
+    Any other key must be a field of the role's settings
     (e.g. ``lr`` for the trainer); its value is validated when the spec is built. Raises
     ``ValueError`` naming a bad key.
     """
@@ -77,9 +79,7 @@ def respecified(
         model = args.pop("model", None)
         adapter = args.pop("lora_path", None) or args.pop("adapter", None)
         keys = _with_args(overrides.keys, name, args)
-        if model is None and adapter is None:
-            model, adapter = newest_checkpoint(settings.checkpoint_dir, mode)
-        elif model is None:
+        if model is None and adapter is not None:
             model = adapter_base(adapter) or overrides.inference_model
         return replace(overrides, mode=mode, inference_model=model, adapter=adapter, keys=keys)
     keys = _with_args(overrides.keys, name, args)
@@ -188,17 +188,17 @@ def role_of(name: str) -> str:
     return "env" if name.startswith("env") else name
 
 
-def newest_checkpoint(checkpoint_dir: Path, mode: str) -> tuple[str | None, str | None]:
-    """Model and adapter of the newest checkpoint usable in ``mode``.
-
-    In a full mode a newer adapter is not served (the trainer merges it and inference
-    catches up at the first sync); only its base model is.
-    """
-    point = resolve_resume(checkpoint_dir, mode)
-    if point is None:
-        return None, None
-    adapter = point.adapter_path if mode in LORA_MODES else None
-    return point.model_path, adapter
+def served_on_start(settings: RoleSettings, overrides: Overrides) -> ServedWeights:
+    """What inference loads when it starts under ``overrides``: the model and adapter a
+    restart asked for, else the rule the trainer starts by (``resume.served_at_start`` at
+    ``resume.resume_point``: the run's newest checkpoint, else the trainer's ``resume``
+    path; docs/inference.md, "What inference serves"). Raises ``ValueError`` for a
+    ``resume`` path that is no checkpoint."""
+    if overrides.inference_model is not None or overrides.adapter is not None:
+        return ServedWeights(model=overrides.inference_model, adapter=overrides.adapter)
+    mode = overrides.mode
+    resume = trainer_config(settings, mode).resume if "trainer" in settings.roles else "auto"
+    return served_at_start(resume_point(settings.checkpoint_dir, mode, resume), mode)
 
 
 def adapter_base(adapter: str) -> str | None:

@@ -21,7 +21,7 @@ from grpo_trainer.serve.capabilities import restarts_inference
 from grpo_trainer.serve.command_lines import inference_command
 from grpo_trainer.serve.settings import InferenceSettings, request_model_name
 from grpo_tui.plan.launchers import Launch
-from grpo_tui.plan.overrides import Overrides
+from grpo_tui.plan.overrides import Overrides, served_on_start
 from grpo_tui.plan.settings import RoleSettings, env_index, require, trainer_config
 from grpo_tui.plan.toml_keys import KeyPath
 from grpo_tui.plan.topology import Topology
@@ -117,16 +117,17 @@ def api_spec(settings: RoleSettings, topology: Topology, overrides: Overrides) -
 
 
 def inference_spec(settings: RoleSettings, topology: Topology, overrides: Overrides) -> ProcessSpec:
-    """The inference server in the overrides' mode, serving their model and adapter; or,
-    with ``[inference] url``, the server the run attaches to (:func:`external_spec`)."""
+    """The inference server in the overrides' mode, serving what ``served_on_start`` says;
+    or, with ``[inference] url``, the server the run attaches to (:func:`external_spec`)."""
     served = require(settings.inference)
     if served.url is not None:
         return external_spec(settings, overrides)
+    weights = served_on_start(settings, overrides)
     command = inference_command(
         served,
         mode=overrides.mode,
-        model=overrides.inference_model or settings.model_path,
-        adapter=overrides.adapter,
+        model=weights.model or settings.model_path,
+        adapter=weights.adapter,
         shared_dir=str(settings.run_dir / "shared_weights"),
     )
     health = f"{settings.inference_url}/health"

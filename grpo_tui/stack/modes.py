@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 from grpo_trainer.run_notices import MODE_SWITCH_FILE, ModeSwitch, ModeSwitched, write_notice
+from grpo_trainer.serve.settings import LORA_MODES
 from grpo_tui.plan.roles import SwitchPlan
 from grpo_tui.supervisor.events import Notice
 from grpo_tui.supervisor.supervisor import ProcessFailed, Supervisor
@@ -91,11 +92,10 @@ async def switch_mode(
 
 
 async def _in_place(supervisor: Supervisor, mode: str, answers: SwitchAnswers) -> None:
-    """Both keep running: new specs for later restarts, then the trainer is asked."""
+    """Both keep running: the trainer is asked, and once it has switched, inference's spec
+    is rebuilt for later starts (``_serve_what_the_trainer_trains``)."""
     trainer = supervisor.by_role(TRAINER)
-    inference = supervisor.by_role(INFERENCE)
     trainer_spec = supervisor.rebuilt_spec(trainer, {"mode": mode})
-    supervisor.replace_spec(supervisor.rebuilt_spec(inference, {"mode": mode}))
     supervisor.replace_spec(trainer_spec)
     command = trainer_spec.command
     serial = answers.ask()
@@ -108,6 +108,9 @@ async def _in_place(supervisor: Supervisor, mode: str, answers: SwitchAnswers) -
         "at its next step boundary"
     )
     answer = await _answer(supervisor, trainer, answers.future(serial))
+    await _serve_what_the_trainer_trains(
+        supervisor, mode, switched=bool(answer and not answer.error)
+    )
     if answer is None:
         message = f"mode {mode} active ({trainer} restarted into it)"
         data = {"mode": mode, "in_place": False}
@@ -124,6 +127,31 @@ async def _in_place(supervisor: Supervisor, mode: str, answers: SwitchAnswers) -
     )
     data = {"mode": mode, "in_place": True, "step": answer.step}
     supervisor.publish(Notice(level="info", message=message, code=MODE_ACTIVE, data=data))
+
+
+async def _serve_what_the_trainer_trains(
+    supervisor: Supervisor, mode: str, *, switched: bool
+) -> None:
+    """After an in-place switch: inference's spec for its later starts (a restart by key, a
+    crash restart), built now that the trainer has written the switch's checkpoint. Into a
+    LoRA mode the adapter's base is the full weights at the switch (``step_N``), which the
+    rule of ``docs/inference.md`` ("What inference serves") finds on disk; a spec built when
+    the switch was asked named the checkpoint before it (issue 35).
+
+    A trainer that did not switch in place (it failed, or restarted meanwhile) resumes into
+    a LoRA mode on the newest checkpoint, while the running server holds the weights of its
+    last sync: inference restarts onto that base too."""
+    inference = supervisor.by_role(INFERENCE)
+    if switched or mode not in LORA_MODES:
+        supervisor.replace_spec(supervisor.rebuilt_spec(inference, {"mode": mode}))
+        return
+    trainer = supervisor.by_role(TRAINER)
+    await supervisor.wait_ready(trainer)
+    supervisor.notice(
+        f"{trainer} resumed into {mode} from its checkpoint instead of switching in place: "
+        f"restarting {inference} onto the base it trains"
+    )
+    await supervisor.restart(inference, args={"mode": mode})
 
 
 async def _answer(

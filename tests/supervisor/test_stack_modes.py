@@ -7,15 +7,18 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import sys
 
 import pytest
 from conftest import child, free_port, spec
 
 from grpo_trainer.run_notices import InferenceLife, NoticeWatcher
+from grpo_tui.plan.roles import SwitchPlan
+from grpo_tui.stack import modes
 from grpo_tui.stack.inference_life import InferenceLifeWriter
 from grpo_tui.stack.stack import GrpoStack
-from grpo_tui.supervisor.events import State, StateChanged
+from grpo_tui.supervisor.events import Notice, State, StateChanged
 from grpo_tui.supervisor.spec import Shutdown, TcpProbe
 from grpo_tui.supervisor.supervisor import Supervisor
 
@@ -122,6 +125,54 @@ async def test_trainer_may_restart_inference_while_it_stops_for_a_switch(supervi
     assert h.sup.status()["trainer"].state == State.READY
     stopped = next(e for e in h.changes("trainer") if e.new == State.STOPPED)
     assert stopped.exit_code == 0
+
+
+@pytest.mark.parametrize(("mode", "inference_restarts"), [("lora_only", True), ("colocate", False)])
+async def test_a_trainer_that_restarted_instead_of_switching_in_place_gets_its_base_served(
+    supervise, monkeypatch: pytest.MonkeyPatch, mode: str, inference_restarts: bool
+) -> None:
+    """An in-place switch whose trainer restarts before it answers (killed here: it never
+    switched) resumes in the new mode from its newest checkpoint. Into a LoRA mode that is
+    the adapter's base, which the running server does not hold (it holds the trainer's
+    last sync): inference restarts onto it, its spec rebuilt after the trainer is back.
+    Into a full mode the trainer's attach pushes its weights: inference keeps serving, its
+    spec rebuilt for later starts."""
+    monkeypatch.setattr(modes, "SAY_EVERY", 0.2)  # how often the wait checks the trainer
+    port = free_port()
+    calls: list[tuple[str, dict]] = []
+    trainer_code = "import time\nprint('ready', flush=True)\ntime.sleep(60)"
+
+    def build(name: str, args: dict) -> object:
+        calls.append((name, dict(args)))
+        if name == "inference":
+            return spec(
+                "inference",
+                child("listener.py", "--port", port),
+                role="inference",
+                readiness=TcpProbe(port=port, period=0.05),
+            )
+        return spec(
+            "trainer",
+            [sys.executable, "-c", trainer_code, modes.TRAINER_MODULE],  # the notice's argv
+            role="trainer",
+            readiness={"kind": "log_line", "pattern": "^ready"},
+            restart={"policy": "always", "backoff_base": 0.1},
+        )
+
+    h = supervise([build("inference", {}), build("trainer", {})], respec=build)
+    await h.state("trainer", State.READY)
+    await h.state("inference", State.READY)
+    calls.clear()
+    inference_pid = h.sup.status()["inference"].pid
+    stack = GrpoStack(h.sup, planner=lambda mode: SwitchPlan(None, None))
+    switching = asyncio.create_task(stack.switch_mode(mode))
+    await h.until(lambda e: isinstance(e, Notice) and f"switching to mode {mode} in" in e.message)
+    await h.sup.signal("trainer", signal.SIGKILL)
+    async with asyncio.timeout(20):
+        await switching
+    assert calls[-1] == ("inference", {"mode": mode}), calls
+    assert (h.sup.status()["inference"].pid != inference_pid) == inference_restarts
+    assert h.sup.status()["inference"].state == State.READY
 
 
 def test_a_request_action_has_one_handler(tmp_path) -> None:

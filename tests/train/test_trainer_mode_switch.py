@@ -107,6 +107,10 @@ def test_switches_in_place_keep_the_process_steps_and_between_full_modes_the_opt
     switch("none", 3)
     adapter = read_checkpoint(ckpt / "adapter_step_6")  # written at the switch
     assert adapter.kind == "adapter" and adapter.base == str(ckpt / "step_4")
+    # the adapter's own config names its base too: what lora_restart restarts inference on
+    # and the server checks (issue 35: it named the model the trainer first loaded)
+    config_file = ckpt / "adapter_step_6" / "adapter_config.json"
+    assert json.loads(config_file.read_text())["base_model_name_or_path"] == str(ckpt / "step_4")
     assert not hasattr(trainer.model, "peft_config")
     ids = torch.randint(5, 44, (2, 9), generator=torch.Generator().manual_seed(0))
     lora = load_model(ckpt / "step_4", adapter=ckpt / "adapter_step_6")

@@ -6,7 +6,13 @@ import json
 from pathlib import Path
 
 from grpo_trainer.train.checkpoint import prune_checkpoints
-from grpo_trainer.train.resume import resolve_resume, resume_from_path
+from grpo_trainer.train.resume import (
+    ServedWeights,
+    resolve_resume,
+    resume_from_path,
+    resume_point,
+    served_at_start,
+)
 
 
 def full(root: Path, step: int, kind: str = "full") -> Path:
@@ -94,12 +100,44 @@ def test_resume_from_a_path_until_the_run_saved_its_own(tmp_path: Path) -> None:
     """``--resume PATH`` starts a run from another run's checkpoint; once this run saved its
     own, a restarted trainer continues from those, not from PATH again (found by the fault
     suite: a resumed run's trainer, killed, went back to the first run's step 8)."""
-    from grpo_trainer.train.config import TrainerConfig
-    from grpo_trainer.train.session import resume_point
-
     start = full(tmp_path / "old" / "checkpoints", 8)
     save = tmp_path / "new" / "checkpoints"
-    config = TrainerConfig(model_name="m", save_path=str(save), resume=str(start))
-    assert resume_point(config).checkpoint == start
+    assert resume_point(save, "none", str(start)).checkpoint == start
     full(save, 12)
-    assert resume_point(config).checkpoint == save / "step_12"
+    assert resume_point(save, "none", str(start)).checkpoint == save / "step_12"
+
+
+def test_a_starting_server_loads_the_base_under_the_trainers_adapter(tmp_path: Path) -> None:
+    """``served_at_start``: what an inference server loads at each start (docs/inference.md,
+    "What inference serves"), from the same resume point the trainer starts from."""
+    here = tmp_path / "run" / "checkpoints"
+
+    def served(mode: str, resume: str | None = "auto") -> ServedWeights:
+        return served_at_start(resume_point(here, mode, resume), mode)
+
+    assert served("lora_only") == ServedWeights(model=None, adapter=None)  # the profile's model
+    # a full-mode run switched into LoRA in place at step 6: its base is step_6
+    full(here, 4)
+    switch = full(here, 6)
+    assert served("lora_only") == ServedWeights(model=str(switch), adapter=None)
+    assert served("shared_vllm").model == str(switch)
+    trained = adapter(here, 8, base=str(switch))
+    full(here, 8, kind="merged")
+    assert served("lora_restart") == ServedWeights(model=str(switch), adapter=str(trained))
+    # a full mode serves the newest full weights, never an adapter (the trainer merges it)
+    assert served("colocate") == ServedWeights(model=str(here / "step_8"), adapter=None)
+
+
+def test_a_run_resumed_from_another_serves_the_adapter_on_its_recorded_base(
+    tmp_path: Path,
+) -> None:
+    """Resumed from another run's adapter (``--resume PATH``), a server starts on the base
+    that adapter recorded (issue 35: it started on the profile's model until the run saved
+    its own checkpoint)."""
+    old = tmp_path / "old" / "checkpoints"
+    base = full(old, 3)
+    start = adapter(old, 8, base=str(base))
+    new = tmp_path / "new" / "checkpoints"
+    point = resume_point(new, "lora_only", str(start))
+    assert served_at_start(point, "lora_only") == ServedWeights(model=str(base), adapter=str(start))
+    assert served_at_start(resume_point(new, "lora_only", None), "lora_only").model is None
