@@ -132,15 +132,16 @@ async def _in_place(supervisor: Supervisor, mode: str, answers: SwitchAnswers) -
 async def _serve_what_the_trainer_trains(
     supervisor: Supervisor, mode: str, *, switched: bool
 ) -> None:
-    """After an in-place switch: inference's spec for its later starts (a restart by key, a
-    crash restart), built now that the trainer has written the switch's checkpoint. Into a
+    """After a switch that kept inference running: its spec for its later starts (a restart
+    by key, a crash restart), built now that the trainer has written its checkpoint. Into a
     LoRA mode the adapter's base is the full weights at the switch (``step_N``), which the
     rule of ``docs/inference.md`` ("What inference serves") finds on disk; a spec built when
     the switch was asked named the checkpoint before it (issue 35).
 
-    A trainer that did not switch in place (it failed, or restarted meanwhile) resumes into
-    a LoRA mode on the newest checkpoint, while the running server holds the weights of its
-    last sync: inference restarts onto that base too."""
+    A trainer that did not switch in place (it restarted into the mode: asked to, it
+    failed, or was restarted meanwhile) resumes into a LoRA mode on the newest checkpoint,
+    while the running server holds the weights of its last sync: inference restarts onto
+    that base too."""
     inference = supervisor.by_role(INFERENCE)
     if switched or mode not in LORA_MODES:
         supervisor.replace_spec(supervisor.rebuilt_spec(inference, {"mode": mode}))
@@ -148,8 +149,8 @@ async def _serve_what_the_trainer_trains(
     trainer = supervisor.by_role(TRAINER)
     await supervisor.wait_ready(trainer)
     supervisor.notice(
-        f"{trainer} resumed into {mode} from its checkpoint instead of switching in place: "
-        f"restarting {inference} onto the base it trains"
+        f"{trainer} resumed into {mode} from its checkpoint: restarting {inference} onto "
+        "the base its adapter sits on (the server holds the weights of its last sync)"
     )
     await supervisor.restart(inference, args={"mode": mode})
 
@@ -177,18 +178,18 @@ async def _answer(
 
 
 async def _restart_trainer(supervisor: Supervisor, mode: str) -> None:
-    """The trainer checkpoints, stops and resumes in ``mode``; inference keeps serving."""
+    """The trainer checkpoints, stops and resumes in ``mode``; inference keeps serving, but
+    for a trainer resumed into a LoRA mode (``_serve_what_the_trainer_trains``)."""
     trainer = supervisor.by_role(TRAINER)
-    inference = supervisor.by_role(INFERENCE)
     trainer_spec = supervisor.rebuilt_spec(trainer, {"mode": mode})
     supervisor.notice(f"stopping {trainer} (it checkpoints first)")
     await supervisor.stop(trainer)
     async with supervisor.holding(trainer) as held:
         await held.stop(trainer)
-        supervisor.replace_spec(supervisor.rebuilt_spec(inference, {"mode": mode}))
         supervisor.replace_spec(trainer_spec)
         await held.start(trainer)
     await supervisor.wait_ready(trainer)
+    await _serve_what_the_trainer_trains(supervisor, mode, switched=False)
     supervisor.notice(f"mode {mode} active ({trainer} resumed from its checkpoint)")
 
 

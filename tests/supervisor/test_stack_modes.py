@@ -127,16 +127,18 @@ async def test_trainer_may_restart_inference_while_it_stops_for_a_switch(supervi
     assert stopped.exit_code == 0
 
 
+@pytest.mark.parametrize("route", ["in place, trainer killed", "trainer restart"])
 @pytest.mark.parametrize(("mode", "inference_restarts"), [("lora_only", True), ("colocate", False)])
-async def test_a_trainer_that_restarted_instead_of_switching_in_place_gets_its_base_served(
-    supervise, monkeypatch: pytest.MonkeyPatch, mode: str, inference_restarts: bool
+async def test_a_trainer_resumed_into_a_mode_while_inference_kept_serving_gets_its_base_served(
+    supervise, monkeypatch: pytest.MonkeyPatch, route: str, mode: str, inference_restarts: bool
 ) -> None:
-    """An in-place switch whose trainer restarts before it answers (killed here: it never
-    switched) resumes in the new mode from its newest checkpoint. Into a LoRA mode that is
-    the adapter's base, which the running server does not hold (it holds the trainer's
-    last sync): inference restarts onto it, its spec rebuilt after the trainer is back.
-    Into a full mode the trainer's attach pushes its weights: inference keeps serving, its
-    spec rebuilt for later starts."""
+    """A trainer that resumes in the new mode from its newest checkpoint while inference
+    keeps serving: an in-place switch whose trainer restarts before it answers (killed
+    here: it never switched), or a switch that restarts the trainer alone (a multi-rank
+    trainer). Into a LoRA mode the checkpoint is the adapter's base, which the running
+    server does not hold (it holds the trainer's last sync): inference restarts onto it,
+    its spec rebuilt after the trainer is back. Into a full mode the trainer's attach
+    pushes its weights: inference keeps serving, its spec rebuilt for later starts."""
     monkeypatch.setattr(modes, "SAY_EVERY", 0.2)  # how often the wait checks the trainer
     port = free_port()
     calls: list[tuple[str, dict]] = []
@@ -164,10 +166,14 @@ async def test_a_trainer_that_restarted_instead_of_switching_in_place_gets_its_b
     await h.state("inference", State.READY)
     calls.clear()
     inference_pid = h.sup.status()["inference"].pid
-    stack = GrpoStack(h.sup, planner=lambda mode: SwitchPlan(None, None))
+    in_place = route.startswith("in place")
+    plan = SwitchPlan(None, None if in_place else "a trainer of several ranks")
+    stack = GrpoStack(h.sup, planner=lambda mode: plan)
     switching = asyncio.create_task(stack.switch_mode(mode))
-    await h.until(lambda e: isinstance(e, Notice) and f"switching to mode {mode} in" in e.message)
-    await h.sup.signal("trainer", signal.SIGKILL)
+    if in_place:
+        switch = f"switching to mode {mode} in place"
+        await h.until(lambda e: isinstance(e, Notice) and switch in e.message)
+        await h.sup.signal("trainer", signal.SIGKILL)
     async with asyncio.timeout(20):
         await switching
     assert calls[-1] == ("inference", {"mode": mode}), calls
