@@ -226,7 +226,26 @@ def main(argv: list[str] | None = None) -> None:
     if len(service.replicas) > 1:
         print(f"serving {len(service.replicas)} replicas (data parallel)", flush=True)
     app = create_app(service, api_key=args.api_key)
-    uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    try:
+        uvicorn.run(app, host=args.host, port=args.port, log_level="warning")
+    except SystemExit as stop:  # the stop handler, once uvicorn has shut down
+        if stop.code not in (0, None):
+            raise
+    end_now()
+
+
+def end_now() -> None:
+    """Exit 0 without the interpreter's teardown, once the server has shut down.
+
+    The teardown garbage-collects torch's and transformers' objects: 3-9 s of one core on a
+    loaded 2-core machine (seen as "Garbage-collecting" in a stack dump), in which the port
+    is closed but the process lives on, and a restart waits for its exit (issue 35: an
+    inference restart by key serves fresh weights within 10 s on CPU). Nothing is left to
+    save: the output is flushed, and the process ends.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
