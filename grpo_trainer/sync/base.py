@@ -63,6 +63,10 @@ class WeightSync(ABC):
     attaches_at_server: ClassVar[bool] = True
     """True when ``attach`` talks to the inference server (the trainer waits for it first:
     the two may start side by side); False where a sync alone reaches it."""
+    attach_serves: ClassVar[bool] = False
+    """True when ``attach`` leaves the server serving the model it was given (a LoRA
+    strategy loads the trainer's adapter): after an inference restart no sync follows it
+    (``lora_restart``'s sync would restart inference once more)."""
 
     @property
     def shares_weights(self) -> bool:

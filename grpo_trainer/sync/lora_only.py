@@ -48,6 +48,7 @@ class HotSwapSync(WeightSync):
     """Adapter -> a new slot -> the served name moves to it -> the old slot is freed."""
 
     mode = "lora_only"
+    attach_serves = True
 
     def __init__(self, context: SyncContext) -> None:
         super().__init__(context)

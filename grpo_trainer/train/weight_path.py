@@ -148,7 +148,8 @@ class WeightPath:
             time.sleep(0.05)
 
     def reattach(self) -> None:
-        """Re-establish the weight path to a new inference server and push our weights."""
+        """Re-establish the weight path to a new inference server and push our weights
+        (the attach itself where it serves them: ``WeightSync.attach_serves``)."""
         trainer = self.trainer
         started = time.perf_counter()
         if trainer.world.is_main:
@@ -160,7 +161,10 @@ class WeightPath:
                 raise SyncLagExceeded(
                     f"re-attaching to the restarted inference server failed: {exc}; stopping"
                 ) from exc
-            self.sync_now("weight sync after an inference restart")
+            if trainer.strategy.attach_serves:
+                self.synced(SyncResult(sync_time=0.0, policy_version=trainer.step))
+            else:
+                self.sync_now("weight sync after an inference restart")
         self.report()
         trainer.reporter.event(
             "info",
