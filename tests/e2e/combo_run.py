@@ -24,7 +24,7 @@ from typing import Any
 
 import tomli_w
 from combo_walk import LORA_MODES, Action, Setup
-from e2e_stack import QUICKSTART, HeadlessCli, free_port, run_id_of
+from e2e_stack import QUICKSTART, HeadlessCli, free_port, quickstart_value, run_id_of
 
 from grpo_trainer.control import ControlError, SupervisorLink
 from grpo_trainer.train.resume import resolve_resume
@@ -221,6 +221,8 @@ class ComboRun:
     link: SupervisorLink | None = None
     run_id: str = ""
     mode: str = ""
+    beta: float = field(default_factory=lambda: float(quickstart_value("trainer", "beta")))
+    """The KL coefficient in force (the quickstart's, then each edit applied)."""
 
     # ------------------------------------------------------------ life of the run
 
@@ -283,9 +285,7 @@ class ComboRun:
             key = action.target
             if key == "lr" and self.mode in LORA_MODES:
                 key = "lora_lr"  # what the mode trains with (the run refuses lr there)
-            answer = self._ask("edit", args={key: float(action.value)})
-            if key not in answer.get("values", {}):
-                raise Stopped(Violation("control", f"{action}: edit answered {answer}"))
+            self._edit(action, key, float(action.value))
         elif action.kind == "stopstart":
             self._ask("stop", action.target)
             time.sleep(action.seconds)  # the stop itself, as long as the walk says
@@ -295,6 +295,25 @@ class ComboRun:
         done.ended = time.time()
         files.refresh()
         done.records_after = len(files.steps)
+
+    def _edit(self, action: Action, key: str, value: float) -> None:
+        """An edit answered as the run must: applied, or refused with its reason where the
+        run refuses it by design (``refused_by_design``), and then nothing changed."""
+        assert self.link is not None
+        expected = refused_by_design(key, value, self.mode, self.beta)
+        try:
+            answer = self.link.request("edit", None, {key: value}, timeout=ACTION_S)
+        except ControlError as error:
+            if expected is None or key not in error.reason:
+                raise Stopped(Violation("control", f"{action}: {error.reason}")) from error
+            self.say(f"  refused, as it must be ({expected}): {error.reason}")
+            return
+        if expected is not None:
+            raise Stopped(Violation("control", f"{action}: applied, but {expected}: {answer}"))
+        if key not in answer.get("values", {}):
+            raise Stopped(Violation("control", f"{action}: edit answered {answer}"))
+        if key == "beta":
+            self.beta = value
 
     def _fault(self, done: Done) -> None:
         action = done.action
@@ -373,6 +392,16 @@ class ComboRun:
     def require_run(self) -> HeadlessCli:
         assert self.run is not None, "the run has not started"
         return self.run
+
+
+def refused_by_design(key: str, value: float, mode: str, beta: float) -> str | None:
+    """Why the run refuses this edit by design, or None: ``beta`` from 0 to more in a
+    full-weight mode (the trainer loads its KL reference model only when it starts with
+    beta > 0: ``grpo_tui/plan/overrides.py``; in the LoRA modes the reference is the base,
+    the adapter disabled)."""
+    if key == "beta" and value > 0 and beta == 0 and mode not in LORA_MODES:
+        return f"beta 0 -> {value:g} in {mode} has no KL reference model"
+    return None
 
 
 def min_steps(mode: str) -> int:

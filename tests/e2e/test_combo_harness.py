@@ -203,3 +203,16 @@ def test_a_walk_in_a_folder_that_holds_a_run_starts_nothing_and_says_so(tmp_path
     assert outcome.invariants == {"harness"}
     assert "holds a run already" in outcome.violations[0].detail
     assert not (tmp_path / "profile.toml").exists()
+
+
+def test_beta_from_zero_is_refused_by_design_only_in_a_full_weight_mode() -> None:
+    """Seed 31 (``mode=none | edit:beta=0.0 stopstart:env:8 edit:beta=0.02``) stopped on the
+    run's refusal: it is the run's rule (no KL reference model), so the walk expects it."""
+    from combo_run import refused_by_design
+
+    assert refused_by_design("beta", 0.02, "none", 0.0) is not None
+    assert refused_by_design("beta", 0.02, "colocate", 0.0) is not None
+    assert refused_by_design("beta", 0.02, "lora_only", 0.0) is None
+    assert refused_by_design("beta", 0.02, "none", 0.04) is None
+    assert refused_by_design("beta", 0.0, "none", 0.0) is None
+    assert refused_by_design("temperature", 1.0, "none", 0.0) is None
