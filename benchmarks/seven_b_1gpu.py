@@ -112,10 +112,15 @@ def rolling(rewards: list[float]) -> list[float]:
     return [statistics.fmean(rewards[i - WINDOW : i]) for i in range(WINDOW, len(rewards) + 1)]
 
 
-def profile_body(mode: str, ports: list[int], runs: Path, cpu: bool) -> dict[str, Any]:
-    """The shipped profile in ``mode`` with its own ports and output folder; ``cpu``: the
+def profile_body(
+    mode: str, ports: list[int], runs: Path, cpu: bool, lr: float | None = None
+) -> dict[str, Any]:
+    """The shipped profile in ``mode`` with its own ports and output folder; ``lr``: another
+    full fine-tuning lr than the profile's (a second try after a first); ``cpu``: the
     built-in server and trainer on CPU, the quickstart's shape and recipe."""
     body = tomllib.loads(PROFILE.read_text())
+    if lr is not None:
+        body["trainer"]["lr"] = lr
     body["run"] |= {"mode": mode, "output_dir": str(runs)}
     body["api"]["port"], body["inference"]["port"] = ports
     inference, trainer = body["inference"], body["trainer"]
@@ -265,7 +270,7 @@ def run_mode(
     run_dir = cell / "run"
     ports = free_ports(2, first=26000 + 10 * MODES.index(mode))
     profile = cell / "profile.toml"
-    profile.write_text(tomli_w.dumps(profile_body(mode, ports, cell / "runs", args.cpu)))
+    profile.write_text(tomli_w.dumps(profile_body(mode, ports, cell / "runs", args.cpu, args.lr)))
     command = [sys.executable, "-m", "grpo_tui", "run", str(profile), "--json"]
     command += ["--run-dir", str(run_dir)]
     result.began = time.time()
@@ -350,6 +355,8 @@ def markdown(
         f"{info.get('transformers')}; call {args.call}; {where}",
         f"- modes one after the other, each on a GPU checked empty first; reward: mean over "
         f"{WINDOW} steps, target {args.target}, a run stops there; times from the command",
+        f"- full fine-tuning lr {args.lr or tomllib.loads(PROFILE.read_text())['trainer']['lr']}"
+        + (" (--lr, not the profile's)" if args.lr else " (the profile's)"),
         "",
         f"Build (stated apart, before the runs; each run then copies it from the cache: "
         f"`model built` below): {build.get('seconds', 'n/a')} s, "
@@ -436,6 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", default=list(MODES), choices=MODES)
     parser.add_argument("--budget", type=float, default=480.0, help="seconds for everything")
     parser.add_argument("--target", type=float, default=0.8)
+    parser.add_argument("--lr", type=float, default=None, help="full fine-tuning lr instead")
     parser.add_argument("--cpu", action="store_true", help="built-in server, tiny shape")
     parser.add_argument("--empty-timeout", type=float, default=60.0)
     parser.add_argument("--empty-mib", type=float, default=1024.0, help="empty: at most this")
