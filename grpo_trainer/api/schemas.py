@@ -44,6 +44,10 @@ class Registration(BaseModel):
     save_checkpoint_interval: int = 0
     starting_step: int = Field(0, ge=0)
     num_steps: int = Field(0, ge=0)
+    trainer_id: str | None = Field(None, min_length=1, max_length=200)
+    """Ours, not Atropos's: the trainer process's own id, the same in each of its
+    registrations. A new one is a restarted trainer: the batches leased to the one before
+    and never acknowledged are queued again (``Store.register_trainer``)."""
 
 
 class RegisterEnv(BaseModel):

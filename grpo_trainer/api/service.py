@@ -64,9 +64,10 @@ class RolloutService:
 
     async def register(self, body: Registration) -> int:
         """Record the trainer's batch shape; a fresh uuid. 422 when an environment's group
-        size does not divide ``batch_size`` (batches hold whole groups)."""
+        size does not divide ``batch_size`` (batches hold whole groups). A restarted trainer
+        (a new ``trainer_id``) gets the batches its predecessor leased back in the queue."""
 
-        def write() -> None:
+        def write() -> int:
             bad = [e for e in self.store.envs() if body.batch_size % e.group_size]
             if bad:
                 names = ", ".join(f"{e.real_name} (group_size {e.group_size})" for e in bad)
@@ -74,10 +75,17 @@ class RolloutService:
                     422,
                     f"batch_size {body.batch_size} is not a multiple of the group size of {names}",
                 )
-            self.store.register_trainer(body.model_dump())
+            return self.store.register_trainer(body.model_dump())
 
-        await self.runner.call(write)
+        requeued = await self.runner.call(write)
         log.info("trainer registered: batch_size %d, step %d", body.batch_size, body.starting_step)
+        if requeued:
+            log.info(
+                "a new trainer: the %d batches leased to the one before and never "
+                "acknowledged are queued again",
+                requeued,
+            )
+            self.runner.changed()
         return uuid.uuid4().int
 
     async def register_env(self, body: RegisterEnv) -> dict[str, Any]:
@@ -230,20 +238,25 @@ class RolloutService:
 
     async def status(self) -> dict[str, Any]:
         """Step, queued groups and sequences, leased batches (overdue leases expired first),
-        and whether the environments are held for the trainer's push to a restarted inference
-        (``inference_held``; ``served_incarnation``: the one it last pushed to)."""
+        whether the environments are held for the trainer's push to a restarted inference
+        (``inference_held``; ``served_incarnation``: the one it last pushed to) and whether
+        back-pressure pauses them (``backpressure``: the queue at ``max_batches_offpolicy``)."""
 
         def read() -> dict[str, Any]:
             store = self.store
             store.expire_leases()
             pending = store.pending()
+            queued = sum(p.size for p in pending)
+            leased = store.leased_batches()
             return {
                 "current_step": store.current_step(),
                 "queue_size": len(pending),
-                "queue_sequences": sum(p.size for p in pending),
-                "leased_batches": store.leased_batches(),
+                "queue_sequences": queued,
+                "leased_batches": leased,
                 "inference_held": self.inference_held(),
                 "served_incarnation": store.served_incarnation(),
+                "max_batches_offpolicy": self.settings.max_batches_offpolicy,
+                "backpressure": self._at_bound(self._batches(queued), leased),
             }
 
         return await self.runner.call(read)
@@ -254,6 +267,17 @@ class RolloutService:
         if changed:
             log.info("live edit: %s", changed)
             self.settings = self.settings.model_copy(update=changed)
+
+    def _batches(self, sequences: int) -> float:
+        """``sequences`` in batches of the registered trainer (0 before it registered)."""
+        batch_size = (self.store.registration() or {}).get("batch_size", 0)
+        return sequences / batch_size if batch_size else 0.0
+
+    def _at_bound(self, queued_batches: float, leased: int) -> bool:
+        """Back-pressure: the queue holds ``max_batches_offpolicy`` batches; at 0
+        (synchronous), a batch queued or one leased and not acknowledged."""
+        bound = self.settings.max_batches_offpolicy
+        return queued_batches >= bound if bound else (queued_batches >= 1 or leased > 0)
 
     def _status_for(self, env_id: int) -> dict[str, Any] | None:
         """What ``/status-env`` answers for ``env_id`` (None: not registered).
@@ -268,17 +292,15 @@ class RolloutService:
         store.expire_leases()
         envs = store.envs()
         pending = store.pending()
-        reg = store.registration() or {}
-        batch_size = reg.get("batch_size", 0)
         total_weight = sum(e.max_token_length * max(0.0, e.weight) for e in envs if e.connected)
         share = env.max_token_length * env.weight / total_weight if total_weight else 1.0
         reserved = sum(e.min_batch_allocation or 0 for e in envs if e.connected)
         queued = sum(p.size for p in pending)
         own = sum(p.size for p in pending if p.env_id == env_id)
-        queued_batches = queued / batch_size if batch_size else 0.0
+        queued_batches = self._batches(queued)
         bound = self.settings.max_batches_offpolicy
         leased = store.leased_batches()
-        full = queued_batches >= bound if bound else (queued_batches >= 1 or leased > 0)
+        full = self._at_bound(queued_batches, leased)
         held = self.inference_held()
         return {
             "current_step": store.current_step(),

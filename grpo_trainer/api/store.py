@@ -168,13 +168,28 @@ class Store:
             if incarnation is not None:
                 self._set_meta("served_incarnation", incarnation)
 
-    def register_trainer(self, registration: dict[str, Any]) -> None:
+    def register_trainer(self, registration: dict[str, Any]) -> int:
         """Store the trainer's registration; its ``starting_step`` becomes the step, and the
-        served version is unknown until the trainer reports it."""
+        served version is unknown until the trainer reports it.
+
+        A trainer that names itself (``trainer_id``) other than the one registered is its
+        successor (a run has one trainer): the batches leased and never acknowledged went
+        to a trainer that is gone, so they go back to the queue now, at their old places,
+        instead of holding the queue's room until their lease runs out. Returns how many.
+        The same trainer registering again (after an API restart) keeps its leases.
+        """
+        trainer_id = registration.get("trainer_id")
+        before = (self.registration() or {}).get("trainer_id")
+        successor = trainer_id is not None and trainer_id != before
         with self._transaction():
             self._set_meta("registration", registration)
             self._set_meta("current_step", registration["starting_step"])
             self._set_meta("served_version", None)
+            if not successor:
+                return 0
+            leased = [row[0] for row in self.db.execute("SELECT batch_id FROM leases")]
+            self._requeue(leased)
+        return len(leased)
 
     def mark_started(self) -> None:
         if not self.started():
@@ -300,10 +315,15 @@ class Store:
         if not expired:
             return 0
         with self._transaction():
-            for batch_id in expired:
-                self.db.execute("UPDATE groups SET batch_id = NULL WHERE batch_id = ?", (batch_id,))
-                self.db.execute("DELETE FROM leases WHERE batch_id = ?", (batch_id,))
+            self._requeue(expired)
         return len(expired)
+
+    def _requeue(self, batch_ids: Sequence[str]) -> None:
+        """Put the groups of the leased batches ``batch_ids`` back in the queue at their old
+        positions and end the leases (inside a transaction)."""
+        for batch_id in batch_ids:
+            self.db.execute("UPDATE groups SET batch_id = NULL WHERE batch_id = ?", (batch_id,))
+            self.db.execute("DELETE FROM leases WHERE batch_id = ?", (batch_id,))
 
     def take_batch(self, batch_size: int, lease: float | None) -> Delivery | None:
         """Cut the next batch; plain delivery consumes it now, a lease holds it until ack.

@@ -4,12 +4,15 @@
 /batch/ack`` after the optimizer step consumes it. A crash before the ack puts the batch
 back in the queue when the lease expires, so no rollout is lost. Connection errors are
 retried with capped exponential backoff; after an outage the trainer registers again with
-its current step, because a restarted API has to learn where the run stands.
+its current step, because a restarted API has to learn where the run stands. Every
+registration carries the client's ``trainer_id``: a new one tells the API that the trainer
+restarted, so the batches the dead one leased go back to the queue at once.
 """
 
 from __future__ import annotations
 
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -84,6 +87,8 @@ class ApiClient:
         self.served_incarnation: int | None = None
         self._serves_versions = True  # False: the API has no /served-version (Atropos)
         self._needs_register = True
+        self.trainer_id = uuid.uuid4().hex
+        """This trainer's id in each of its registrations (a restarted one has another)."""
 
     def close(self) -> None:
         """Close the HTTP connection pool."""
@@ -115,7 +120,11 @@ class ApiClient:
     def _post_register(self) -> None:
         if self.registration is None:
             raise RuntimeError("register() first")
-        body = {**vars(self.registration), "starting_step": self.step}
+        body = {
+            **vars(self.registration),
+            "starting_step": self.step,
+            "trainer_id": self.trainer_id,
+        }
         response = self.http.post("/register", json=body)
         if response.status_code >= 500:
             raise _ServerError(f"{response.status_code} {response.text[:200]}")

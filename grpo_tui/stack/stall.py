@@ -16,6 +16,9 @@ what the supervisor can see, most telling first:
 - environments failed, backing off or not answering;
 - the rollout API holding the environments until the trainer pushes its weights to the
   inference incarnation up now (the trainer must re-attach after an inference restart);
+- the environments paused by back-pressure while the queue is short of a step and the
+  trainer is not on one (``/status``'s ``backpressure``: with ``max_batches_offpolicy =
+  0``, a batch leased and never acknowledged);
 - the trainer itself restarting;
 - a weight sync that has not returned (the trainer's phase, ``grpo_trainer.train.phases``);
 - the API's queue short of a batch while an environment alive makes no progress (no
@@ -156,6 +159,23 @@ def hold_causes(
     ]
 
 
+def backpressure_causes(api_status: Mapping[str, Any] | None, progress: Progress) -> list[str]:
+    """The environments paused by the API's back-pressure (``/status``'s ``backpressure``)
+    while the trainer waits for a batch the queue is short of: the room is held by leased
+    batches no trainer is training."""
+    if not api_status or not api_status.get("backpressure"):
+        return []
+    if progress.phase != "generating":
+        return []  # a trainer on a step holds its leased batch by design
+    return [
+        "the environments are paused by back-pressure: the rollout API's queue is at "
+        f"max_batches_offpolicy {api_status.get('max_batches_offpolicy')} with "
+        f"{api_status.get('queue_sequences')} sequences queued and "
+        f"{api_status.get('leased_batches')} batches leased and not acknowledged, while "
+        "the trainer waits for a batch"
+    ]
+
+
 def restart_causes(
     statuses: Mapping[str, ProcessStatus], trainer: str, progress: Progress, now: float
 ) -> list[str]:
@@ -259,6 +279,8 @@ class StallWatch:
         causes = [*stopped.values(), *process_causes(others, trainer)]
         causes += error_causes(progress, self._last_warning)
         causes += hold_causes(statuses, api_status)
+        if self._short(api_status):
+            causes += backpressure_causes(api_status, progress)
         if not first:
             causes += restart_causes(statuses, trainer, progress, now)
         if not causes and self._short(api_status):

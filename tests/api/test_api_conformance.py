@@ -123,6 +123,8 @@ def test_plain_batch_advances_step_on_delivery_only(api: httpx.Client) -> None:
         "leased_batches": 0,
         "inference_held": False,
         "served_incarnation": None,
+        "max_batches_offpolicy": 3,
+        "backpressure": False,
     }
 
 
@@ -152,6 +154,8 @@ def test_reregister_resumes_from_starting_step(api: httpx.Client) -> None:
         "leased_batches": 0,
         "inference_held": False,
         "served_incarnation": None,
+        "max_batches_offpolicy": 3,
+        "backpressure": False,
     }
     answer = api.post("/register-env", json=env_registration("late")).json()
     assert answer["starting_step"] == 40

@@ -10,7 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-from api_helpers import ApiServer, group, markers, start_run
+from api_helpers import TRAINER, ApiServer, group, markers, start_run
+
+from grpo_trainer.train.api_client import ApiClient, Registration
 
 POSTERS = 4
 LEASE = 2.0
@@ -176,6 +178,45 @@ def test_leased_batch_of_a_dead_trainer_is_served_again(api: httpx.Client) -> No
     api.post("/scored_data_list", json=[group(5), group(6)])
     final = api.get("/batch", params={"lease": 30}).json()
     assert markers(final["batch"]) == [5, 6], "acked batches are never served again"
+
+
+def test_a_restarted_trainer_gets_the_batch_the_dead_one_leased_at_once(
+    api: httpx.Client, shared_api: ApiServer
+) -> None:
+    """A trainer SIGKILLed holding a leased batch: its successor's registration puts the
+    batch back in the queue, served to the successor now (not when the dead one's 600 s
+    lease runs out), trained once; the dead one's registrations before (an API outage)
+    keep it. Issue 35, combos seed 34: the run stalled with the batch leased to the dead."""
+    start_run(api)
+    registration = Registration(**{k: v for k, v in TRAINER.items() if k != "starting_step"})
+    said: list[str] = []
+    dead = ApiClient(shared_api.url, lease_seconds=600, log=lambda _, text: said.append(text))
+    successor = ApiClient(shared_api.url, lease_seconds=600)
+    try:
+        dead.register(registration, 0)
+        api.post("/scored_data_list", json=[group(m) for m in (1, 2, 3)])
+        held = dead.next_batch(lambda: False)
+        assert held is not None and markers(held.groups) == [1, 2]
+        dead.register(registration, 0)  # the same trainer after an outage keeps its lease
+        assert api.get("/status").json()["leased_batches"] == 1
+
+        successor.register(registration, 0)  # the trainer restarted from step 0
+        status = api.get("/status").json()
+        assert (status["leased_batches"], status["queue_size"]) == (0, 3)
+        batch = successor.next_batch(lambda: False)
+        assert batch is not None and markers(batch.groups) == [1, 2]
+        successor.ack(batch, 1)
+        dead.ack(held, 1)  # a late ack of the dead one's lease: refused, nothing served twice
+        assert "refused (404" in said[-1]
+        status = api.get("/status").json()
+        assert (status["current_step"], status["queue_size"], status["leased_batches"]) == (
+            1,
+            1,
+            0,
+        )
+    finally:
+        dead.close()
+        successor.close()
 
 
 def test_late_ack_is_refused_and_the_batch_requeued(api: httpx.Client) -> None:

@@ -112,6 +112,46 @@ async def test_batches_form_from_whole_groups_and_a_lease_is_acked_once(
     assert refused.value.status == 404
 
 
+async def test_a_synchronous_queue_has_room_again_once_a_restarted_trainer_registers(
+    tmp_path: Path,
+) -> None:
+    """``max_batches_offpolicy = 0``: environments pause while the trainer holds a leased
+    batch. The trainer dies holding it; its successor (another ``trainer_id``) registers at
+    the step it resumes from and gets the batch at once, and the environments get room
+    after its ack. Before, the dead trainer's lease held the room for 600 s (issue 35)."""
+    runner = StoreRunner(Store(MEMORY_DB))
+    edits = EditWatcher(["max_batches_offpolicy"], tmp_path)
+    service = RolloutService(ApiSettings(max_batches_offpolicy=0), runner, edits)
+    try:
+        first = {**TRAINER, "trainer_id": "first"}
+        await service.register(Registration(**first))
+        assert await service.next_batch(None, 0) is None
+        env = await service.register_env(RegisterEnv(**env_registration()))
+        env_id = env["env_id"]
+        for marker in (1, 2, 3):
+            await service.ingest(body(group(marker, env_id=env_id)), many=False)
+        held = await service.next_batch(600.0, 0)
+        assert held is not None and held.batch_id is not None
+        await service.register(Registration(**first))  # the same trainer again: kept
+        assert (await service.env_status(env_id))["pause"] is True
+        assert (await service.status())["backpressure"] is True  # what the stall report reads
+
+        await service.register(Registration(**{**TRAINER, "trainer_id": "second"}))
+        assert (await service.status())["leased_batches"] == 0
+        again = await service.next_batch(600.0, 0)
+        assert again is not None and again.batch_id is not None
+        assert again.payloads == held.payloads
+        assert await service.ack(again.batch_id) == 1
+        status = await service.env_status(env_id)
+        assert (status["pause"], status["queued_batches"]) == (False, 0.5)
+        assert (await service.status())["backpressure"] is False
+        with pytest.raises(Refused) as refused:
+            await service.ack(held.batch_id)
+        assert refused.value.status == 404
+    finally:
+        runner.close()
+
+
 async def test_env_status_pauses_at_the_bound_and_takes_live_edits(
     service: RolloutService, tmp_path: Path
 ) -> None:

@@ -16,6 +16,7 @@ from conftest import child, spec
 from grpo_tui.stack.progress import Progress
 from grpo_tui.stack.stall import (
     StallWatch,
+    backpressure_causes,
     error_causes,
     failing_cause,
     hold_causes,
@@ -122,6 +123,27 @@ def test_the_rollout_apis_hold_is_named_with_the_incarnations() -> None:
     ]
     assert hold_causes(statuses, {**held, "inference_held": False}) == []
     assert hold_causes(statuses, None) == [], "an API that did not answer says nothing here"
+
+
+def test_environments_paused_by_back_pressure_are_named_while_the_trainer_waits() -> None:
+    """Combos seed 34: a batch leased to a trainer SIGKILLed kept the environments paused
+    (``max_batches_offpolicy = 0``) and the report said for 300 s only that the restarted
+    trainer "is generating its first step". The pause is named; a trainer on a step holds
+    its leased batch by design, so then it is not."""
+    paused = {
+        "queue_sequences": 16,
+        "leased_batches": 1,
+        "max_batches_offpolicy": 0,
+        "backpressure": True,
+    }
+    assert backpressure_causes(paused, Progress(step=4, phase="generating")) == [
+        "the environments are paused by back-pressure: the rollout API's queue is at "
+        "max_batches_offpolicy 0 with 16 sequences queued and 1 batches leased and not "
+        "acknowledged, while the trainer waits for a batch"
+    ]
+    assert backpressure_causes(paused, Progress(step=4, phase="training")) == []
+    assert backpressure_causes({**paused, "backpressure": False}, Progress(step=4)) == []
+    assert backpressure_causes(None, Progress(step=4)) == [], "an API that did not answer"
 
 
 def test_environments_counting_errors_are_named_with_their_last_warning() -> None:
