@@ -171,8 +171,8 @@ def backpressure_causes(api_status: Mapping[str, Any] | None, progress: Progress
         "the environments are paused by back-pressure: the rollout API's queue is at "
         f"max_batches_offpolicy {api_status.get('max_batches_offpolicy')} with "
         f"{api_status.get('queue_sequences')} sequences queued and "
-        f"{api_status.get('leased_batches')} batches leased and not acknowledged, while "
-        "the trainer waits for a batch"
+        f"{api_status.get('leased_batches')} batches leased and not acknowledged, and no "
+        "step is training"
     ]
 
 

@@ -139,7 +139,7 @@ def test_environments_paused_by_back_pressure_are_named_while_the_trainer_waits(
     assert backpressure_causes(paused, Progress(step=4, phase="generating")) == [
         "the environments are paused by back-pressure: the rollout API's queue is at "
         "max_batches_offpolicy 0 with 16 sequences queued and 1 batches leased and not "
-        "acknowledged, while the trainer waits for a batch"
+        "acknowledged, and no step is training"
     ]
     assert backpressure_causes(paused, Progress(step=4, phase="training")) == []
     assert backpressure_causes({**paused, "backpressure": False}, Progress(step=4)) == []
