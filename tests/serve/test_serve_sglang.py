@@ -177,7 +177,8 @@ SGLANG_ANSWER = {
 
 
 def test_environments_parse_sglangs_completion_answer() -> None:
-    first, second = parse_samples(json.dumps(SGLANG_ANSWER).encode(), n=2)
+    asked = [[7] * 12, [7] * 12]  # one prompt, n=2: the same prompt asked twice
+    first, second = parse_samples(json.dumps(SGLANG_ANSWER).encode(), asked)
     assert (first.token_ids, first.logprobs, first.truncated) == ([22], [-0.5], False)
     assert (second.token_ids, second.logprobs, second.truncated) == ([22, 22], [-0.25, -1.5], True)
 

@@ -6,7 +6,9 @@ run's end) ever signals it, and the detach command runs once, at the run's end."
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -17,8 +19,19 @@ from grpo_tui.supervisor.spec import External, HttpProbe, LogLineProbe, ProcessS
 
 
 def server(port: int) -> subprocess.Popen[bytes]:
-    """The external process: an HTTP server this test starts, not the supervisor."""
-    return subprocess.Popen(child("listener.py", "--port", port), start_new_session=True)
+    """The external process: an HTTP server this test starts, not the supervisor, returned
+    once it accepts connections (an attach before that is a first, failed attempt: under
+    CI's load the listener's start took longer than the supervisor's first attach)."""
+    process = subprocess.Popen(child("listener.py", "--port", port), start_new_session=True)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return process
+        except OSError:
+            assert process.poll() is None, f"the test's listener exited {process.returncode}"
+            assert time.monotonic() < deadline, f"the test's listener on {port} never listened"
+            time.sleep(0.05)
 
 
 def external_spec(url: str, record: Path) -> ProcessSpec:
