@@ -30,6 +30,7 @@ def gpu_modes(out: Path, *args: str, timeout: float) -> subprocess.CompletedProc
     )
 
 
+@pytest.mark.slow
 def test_every_cell_profile_passes_check_with_the_vllm_flags(tmp_path: Path) -> None:
     backends = ("--backends", "vllm", "builtin", "sglang", "--port-base", "22000")
     done = gpu_modes(tmp_path / "out", "--dry-run", "--quick", *backends, timeout=240)
@@ -98,6 +99,7 @@ def test_colocate_layout_puts_a_rank_and_a_vllm_replica_on_each_gpu(tmp_path: Pa
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(420)
 def test_one_real_cell_and_the_orphan_check_on_cpu(tmp_path: Path) -> None:
     out = tmp_path / "out"

@@ -61,6 +61,7 @@ def test_each_arm_is_a_profile_that_plans_its_start(arm: str, tmp_path: Path) ->
     assert rank == ("32" if before else "16")  # --before-set reaches the before arm only
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_cpu_pass_measures_start_up_restarts_and_a_switch(tmp_path: Path) -> None:
     # two runs: the switch cell starts cold (start-up by phase), then a restart from the

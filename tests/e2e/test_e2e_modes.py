@@ -48,7 +48,13 @@ def overrides(mode: str) -> dict[str, dict[str, object]]:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(420)
-@pytest.mark.parametrize("mode", ["shared_vllm", "lora_only", "none", "lora_restart", "colocate"])
+@pytest.mark.parametrize(
+    "mode",
+    # CI: one full mode and one LoRA mode; the others (each also runs in test_e2e_faults
+    # under faults) in the slow tier
+    ["shared_vllm", "lora_only"]
+    + [pytest.param(m, marks=pytest.mark.slow) for m in ("none", "lora_restart", "colocate")],
+)
 def test_quickstart_mode_learns_and_leaves_nothing(
     mode: str, tmp_path: Path, cli: list[HeadlessCli]
 ) -> None:

@@ -184,6 +184,7 @@ async def test_a_switch_into_lora_only_then_restarts_serve_the_weights_at_the_sw
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # the repro (above) runs in CI
 @pytest.mark.timeout(600)
 async def test_a_restart_then_switches_into_lora_restart_serve_the_adapter_on_its_base(
     tmp_path: Path, stacks: list[Stack]
@@ -207,6 +208,7 @@ async def test_a_restart_then_switches_into_lora_restart_serve_the_adapter_on_it
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # the repro (above) runs in CI
 @pytest.mark.timeout(600)
 async def test_a_run_resumed_after_a_switch_serves_the_adapter_on_its_base(
     tmp_path: Path, stacks: list[Stack]

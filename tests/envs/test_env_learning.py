@@ -36,6 +36,7 @@ def reward_curve(metrics_file: Path) -> list[tuple[int, float]]:
 
 
 @pytest.mark.e2e
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_toy_reward_rises_through_the_real_pipeline(spawn, tmp_path) -> None:
     model = build_tiny_model(tmp_path / "model", seed=0)
