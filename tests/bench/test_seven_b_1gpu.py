@@ -95,10 +95,14 @@ def test_a_cut_run_reports_its_curve_phases_and_peaks(tmp_path: Path) -> None:
     assert result.peaks_gb == {"trainer torch": 50.0, "inference NVML": 21.0,
                                "trainer NVML": 55.0}  # fmt: skip
     assert result.first_step_s == 90.0 and result.step_s == 1.0
-    args = argparse.Namespace(cpu=False, target=0.8, call="c1")
+    args = argparse.Namespace(cpu=False, target=0.8, call="c1", lr=None)
     build = {"seconds": 61.0, "bytes": 13.1e9, "exit": 0}
     text = seven_b_1gpu.markdown([result, seven_b_1gpu.ModeResult("colocate")], build, {}, args)
     assert "61.0 s, 13.10 GB of files, exit 0" in text
+    assert "- full fine-tuning lr 5e-05 (the profile's)" in text
+    args.lr = 2e-5  # a second try's --lr is said as not the profile's
+    again = seven_b_1gpu.markdown([seven_b_1gpu.ModeResult("colocate")], build, {}, args)
+    assert "- full fine-tuning lr 2e-05 (--lr, not the profile's)" in again
     assert "| shared_vllm | reached | 11 | 0.100 | 0.940 | 10 | 99 | 90.0 | 1.00 | " in text
     assert "inference NVML 21.0, trainer NVML 55.0, trainer torch 50.0 |" in text
     assert "| colocate | not run | 0 |" in text
