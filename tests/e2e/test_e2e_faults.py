@@ -68,7 +68,10 @@ def lag_bound(mode: str) -> float:
 
 @pytest.mark.e2e
 @pytest.mark.timeout(600)
-@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(
+    "mode",  # none, the mode without a sync, in the slow tier: CI's 20 minutes
+    [pytest.param(m, marks=pytest.mark.slow) if m == "none" else m for m in MODES],
+)
 def test_a_run_under_faults_keeps_its_contract(
     mode: str, tmp_path: Path, cli: list[HeadlessCli]
 ) -> None:
